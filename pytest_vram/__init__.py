@@ -1,0 +1,7 @@
+"""pytest-vram: GPU memory as a tested property of PyTorch code."""
+
+from pytest_vram.marks import max_vram, requires_vram, vram_backend, vram_tolerance
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "max_vram", "requires_vram", "vram_backend", "vram_tolerance"]

@@ -1,0 +1,38 @@
+"""Backends measure memory; :func:`create_backend` picks one by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pytest_vram.backends.base import Backend, BackendUnavailable
+
+__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "create_backend", "resolve_name"]
+
+BACKENDS = ("auto", "cuda", "cpu", "sim")
+
+
+def resolve_name(name: str) -> str:
+    """``auto`` is ``cuda`` where a GPU is available, else the simulated device."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "sim"
+    return name
+
+
+def create_backend(name: str, **options: Any) -> Backend:
+    """A new backend; raise :class:`BackendUnavailable` when it cannot run here."""
+    name = resolve_name(name)
+    if name == "cpu":
+        from pytest_vram.backends.cpu import CpuBackend
+
+        return CpuBackend()
+    if name == "cuda":
+        from pytest_vram.backends.cuda import CudaBackend
+
+        return CudaBackend()
+    if name == "sim":
+        from pytest_vram.backends.sim import SimBackend
+
+        return SimBackend(capacity=options.get("sim_capacity"))
+    raise BackendUnavailable(f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,81 @@
+"""What every backend offers the measurement: current and peak allocated bytes, and cleanup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["Backend", "BackendUnavailable"]
+
+
+class BackendUnavailable(Exception):
+    """The requested backend cannot run here (no GPU for ``cuda``, say)."""
+
+
+class Backend:
+    """A device whose memory is measured.
+
+    ``begin_test``/``end_test`` bracket one test's setup, call and teardown; between them
+    ``allocated`` and ``peak_allocated`` read the device, and ``reset_peak`` starts a new peak
+    window. Optional figures (reserved, NVML) are None where the backend has none.
+    """
+
+    name: str = ""
+    #: Where the test should put its tensors.
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def device_class(self) -> str:
+        """The key of the baseline file: a GPU model, or the backend's name."""
+        return self.name
+
+    def total_memory(self) -> int | None:
+        """The device's capacity in bytes, None when unlimited."""
+        return None
+
+    def begin_test(self) -> None:
+        """Start watching allocations for one test."""
+
+    def end_test(self) -> None:
+        """Stop watching allocations; the test is over."""
+
+    def allocated(self) -> int:
+        raise NotImplementedError
+
+    def peak_allocated(self) -> int:
+        raise NotImplementedError
+
+    def reset_peak(self) -> None:
+        raise NotImplementedError
+
+    def reserved(self) -> int | None:
+        return None
+
+    def peak_reserved(self) -> int | None:
+        return None
+
+    def peak_device(self) -> int | None:
+        """Device-level used memory (NVML), peak since the last reset."""
+        return None
+
+    def release_cache(self) -> None:
+        """Hand cached memory back to the device (``torch.cuda.empty_cache`` and the like)."""
+
+    def counters(self) -> dict[str, int]:
+        """Allocator event counts for the test (OOMs, retries); empty where none exist."""
+        return {}
+
+    def memory_summary(self) -> str:
+        """A human-readable state of the allocator, shown when a test runs out of memory."""
+        return ""
+
+    def explain_error(self, exc: BaseException) -> str | None:
+        """A message to report instead of ``exc`` when the backend caused it, else None."""
+        return None
+
+    def environment(self) -> dict[str, Any]:
+        return {"backend": self.name, "device": self.device_class, "torch": torch.__version__}
+
+    def close(self) -> None:
+        """Release what the backend holds for the session (threads, handles)."""

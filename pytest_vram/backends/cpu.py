@@ -1,0 +1,57 @@
+"""Real execution on the CPU, with the bytes of live tensor storages counted exactly."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pytest_vram.backends.base import Backend
+from pytest_vram.backends.tracker import StorageTracker
+
+__all__ = ["CpuBackend"]
+
+
+def _is_cpu(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+class CpuBackend(Backend):
+    """Counts CPU tensor storages created or resized by dispatched ops while a test runs.
+
+    The tracker stays alive across tests, so storages a module-scoped fixture made in an earlier
+    test still count in later ones. Tensors made without the dispatcher (``torch.from_numpy``)
+    and on threads the test starts itself are not seen.
+    """
+
+    name = "cpu"
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.tracker = StorageTracker(counts=_is_cpu)
+        self._active = False
+
+    def total_memory(self) -> int | None:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+            return None
+
+    def begin_test(self) -> None:
+        if not self._active:
+            self.tracker.mode.__enter__()
+            self._active = True
+
+    def end_test(self) -> None:
+        if self._active:
+            self._active = False
+            self.tracker.mode.__exit__(None, None, None)
+
+    def allocated(self) -> int:
+        return self.tracker.current
+
+    def peak_allocated(self) -> int:
+        return self.tracker.peak
+
+    def reset_peak(self) -> None:
+        self.tracker.reset_peak()

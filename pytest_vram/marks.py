@@ -1,0 +1,161 @@
+"""The vram markers. Each is a plain function whose signature is the marker's API.
+
+``@max_vram("72GB")`` is ``@pytest.mark.max_vram("72GB")``; the plugin binds a marker's arguments
+against the same signature, so both spellings are checked alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_vram.units import (
+    SizeError,
+    Tolerance,
+    parse_size,
+    parse_tolerance,
+)
+
+__all__ = [
+    "BACKEND_NAMES",
+    "MARKER_HELP",
+    "METRICS",
+    "Budget",
+    "MarkerError",
+    "VramMarks",
+    "max_vram",
+    "read_marks",
+    "requires_vram",
+    "vram_backend",
+    "vram_tolerance",
+]
+
+METRICS = ("allocated", "reserved", "device")
+BACKEND_NAMES = ("auto", "cuda", "cpu", "sim")
+
+
+def max_vram(limit: int | str, *, metric: str = "allocated") -> pytest.MarkDecorator:
+    """Fail the test when its peak ``metric`` exceeds ``limit``."""
+    return pytest.mark.max_vram(limit, metric=metric)
+
+
+def vram_tolerance(tolerance: str | int) -> pytest.MarkDecorator:
+    """Allow this much growth over the test's baseline: ``"5%"`` or a size."""
+    return pytest.mark.vram_tolerance(tolerance)
+
+
+def vram_backend(name: str) -> pytest.MarkDecorator:
+    """Measure this test on backend ``name`` (auto, cuda, cpu or sim)."""
+    return pytest.mark.vram_backend(name)
+
+
+def requires_vram(size: int | str) -> pytest.MarkDecorator:
+    """Skip the test when the device has less total memory than ``size``."""
+    return pytest.mark.requires_vram(size)
+
+
+MARKERS: dict[str, Callable[..., Any]] = {
+    "max_vram": max_vram,
+    "vram_tolerance": vram_tolerance,
+    "vram_backend": vram_backend,
+    "requires_vram": requires_vram,
+}
+
+MARKER_HELP = {
+    "max_vram": "max_vram(limit, *, metric='allocated'): fail when the test's peak exceeds limit "
+    "(metric: allocated, reserved or device)",
+    "vram_tolerance": "vram_tolerance(tolerance): this test's tolerance against its baseline "
+    "('5%' or a size)",
+    "vram_backend": "vram_backend(name): measure this test on backend auto, cuda, cpu or sim",
+    "requires_vram": "requires_vram(size): skip when the device has less total memory than size",
+}
+
+
+class MarkerError(Exception):
+    """A vram marker with arguments that do not fit its signature or its accepted forms."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    limit: int
+    metric: str
+    typed: int | str
+
+
+@dataclass(frozen=True)
+class VramMarks:
+    """A test's vram markers, checked and parsed."""
+
+    budgets: tuple[Budget, ...] = ()
+    tolerance: Tolerance | None = None
+    backend: str | None = None
+    required: int | None = None
+    required_typed: int | str | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.budgets) or self.tolerance is not None or self.backend is not None or (
+            self.required is not None
+        )
+
+
+def _bind(name: str, mark: pytest.Mark) -> inspect.BoundArguments:
+    signature = inspect.signature(MARKERS[name])
+    try:
+        bound = signature.bind(*mark.args, **mark.kwargs)
+    except TypeError as exc:
+        raise MarkerError(f"{name}{signature}: {exc}") from None
+    bound.apply_defaults()
+    return bound
+
+
+def read_marks(marks: list[pytest.Mark]) -> VramMarks:
+    """Parse the vram markers among ``marks`` (closest first, as ``iter_markers`` yields)."""
+    budgets: list[Budget] = []
+    tolerance: Tolerance | None = None
+    backend: str | None = None
+    required: int | None = None
+    required_typed: int | str | None = None
+    seen: set[str] = set()
+    for mark in marks:
+        if mark.name not in MARKERS:
+            continue
+        args = _bind(mark.name, mark).arguments
+        if mark.name == "max_vram":
+            metric = args["metric"]
+            if metric not in METRICS:
+                raise MarkerError(
+                    f"max_vram: invalid metric {metric!r}: expected one of {', '.join(METRICS)}"
+                )
+            budgets.append(Budget(_size(mark.name, args["limit"]), metric, args["limit"]))
+        elif mark.name in seen:
+            continue  # the closest marker wins, as with pytest's own markers
+        elif mark.name == "vram_tolerance":
+            try:
+                tolerance = parse_tolerance(args["tolerance"])
+            except SizeError as exc:
+                raise MarkerError(f"vram_tolerance: {exc}") from None
+        elif mark.name == "vram_backend":
+            if args["name"] not in BACKEND_NAMES:
+                raise MarkerError(
+                    f"vram_backend: unknown backend {args['name']!r}: "
+                    f"expected one of {', '.join(BACKEND_NAMES)}"
+                )
+            backend = args["name"]
+        elif mark.name == "requires_vram":
+            required = _size(mark.name, args["size"])
+            required_typed = args["size"]
+        seen.add(mark.name)
+    return VramMarks(tuple(budgets), tolerance, backend, required, required_typed)
+
+
+def _size(marker: str, value: object) -> int:
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise MarkerError(f"{marker}: {exc}") from None
+

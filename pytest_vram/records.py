@@ -1,0 +1,91 @@
+"""The per-test record every report renders from.
+
+A record is made on the process that ran the test and travels to the controller as a plain
+dict on the teardown report (so pytest-xdist carries it unchanged); reports, baselines and the
+JSON document are all computed from these dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
+
+# Worst first: the order of the terminal summary and the Markdown table.
+STATUS_ORDER = (
+    "oom",
+    "over-budget",
+    "leak",
+    "regression",
+    "failed",
+    "new",
+    "improved",
+    "ok",
+    "skipped",
+)
+
+
+@dataclass
+class BudgetResult:
+    limit: int
+    metric: str
+    peak: int | None
+    typed: str
+    passed: bool
+
+
+@dataclass
+class TestRecord:
+    """What was measured for one test, in bytes."""
+
+    nodeid: str
+    backend: str
+    device: str
+    #: Peak allocated over setup and call, including what live fixtures hold.
+    peak_allocated: int = 0
+    #: Allocated when the test's setup began.
+    start_allocated: int = 0
+    #: Allocated after teardown (and garbage collection when something was left).
+    end_allocated: int = 0
+    peak_reserved: int | None = None
+    peak_device: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    budgets: list[BudgetResult] = field(default_factory=list)
+    #: Results of the vram scenarios the test ran: empty_cache, single_step, leak_check.
+    scenarios: dict[str, Any] = field(default_factory=dict)
+    #: Figures from the baseline store, when the test has an entry.
+    baseline: dict[str, int] | None = None
+    #: passed, failed or skipped: the test's own outcome.
+    outcome: str = "passed"
+    #: The memory verdict: one of STATUS_ORDER.
+    status: str = "ok"
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def peak_increment(self) -> int:
+        return self.peak_allocated - self.start_allocated
+
+    @property
+    def leftover(self) -> int:
+        """Bytes the test left allocated: a leak signal."""
+        return max(0, self.end_allocated - self.start_allocated)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["peak_increment"] = self.peak_increment
+        data["leftover"] = self.leftover
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TestRecord:
+        known = {name for name in cls.__dataclass_fields__}
+        values = {key: value for key, value in data.items() if key in known}
+        values["budgets"] = [BudgetResult(**b) for b in values.get("budgets", [])]
+        return cls(**values)
+
+
+def sort_worst_first(records: list[TestRecord]) -> list[TestRecord]:
+    """Failures first (in STATUS_ORDER), then by peak, largest first."""
+    rank = {status: index for index, status in enumerate(STATUS_ORDER)}
+    return sorted(records, key=lambda r: (rank.get(r.status, len(rank)), -r.peak_allocated))

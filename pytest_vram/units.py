@@ -1,0 +1,140 @@
+"""Parse and format memory sizes and tolerances.
+
+Sizes are ints (bytes) or strings such as ``"72GB"`` (SI, powers of 1000) or ``"72 GiB"``
+(IEC, powers of 1024). Messages always print IEC units with two decimals.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+__all__ = [
+    "ACCEPTED_SIZE_FORMS",
+    "SizeError",
+    "Tolerance",
+    "describe_size",
+    "format_delta",
+    "format_size",
+    "parse_size",
+    "parse_tolerance",
+]
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SI_UNITS = frozenset({"kb", "mb", "gb", "tb"})
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?) ?([A-Za-z]*)$")
+_PERCENT_RE = re.compile(r"^(\d+(?:\.\d+)?) ?%$")
+
+ACCEPTED_SIZE_FORMS = (
+    "an int of bytes, or a number with an optional unit: B, kB/KB/MB/GB/TB (powers of 1000) "
+    "or KiB/MiB/GiB/TiB (powers of 1024), e.g. 72GB, 1.5 GiB, 512"
+)
+ACCEPTED_TOLERANCE_FORMS = f"a percentage such as 5% or a size ({ACCEPTED_SIZE_FORMS})"
+
+
+class SizeError(ValueError):
+    """A size or tolerance that is not in one of the accepted forms."""
+
+
+def parse_size(value: object) -> int:
+    """Return ``value`` in bytes; raise :class:`SizeError` naming the value otherwise."""
+    if isinstance(value, bool):
+        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+    if isinstance(value, int):
+        if value < 0:
+            raise SizeError(f"invalid size {value!r}: sizes cannot be negative")
+        return value
+    if not isinstance(value, str):
+        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+    match = _SIZE_RE.match(value.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}") from None
+    return int(number * _UNITS[unit])
+
+
+def is_si(value: object) -> bool:
+    """Whether ``value`` was typed with an SI unit (kB, MB, GB, TB)."""
+    if not isinstance(value, str):
+        return False
+    match = _SIZE_RE.match(value.strip())
+    return bool(match) and match.group(2).lower() in _SI_UNITS
+
+
+def format_size(nbytes: int) -> str:
+    """``1.50 GiB`` style; below 1 KiB as ``512 B``. Negative values keep their sign."""
+    sign = "-" if nbytes < 0 else ""
+    n = abs(nbytes)
+    if n < 1024:
+        return f"{sign}{n} B"
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)):
+        if n >= factor:
+            return f"{sign}{n / factor:.2f} {unit}"
+    return f"{sign}{n / 1024:.2f} KiB"
+
+
+def format_delta(nbytes: int) -> str:
+    """A signed size: ``+1.50 GiB``, ``-512 B``, ``+0 B``."""
+    return format_size(nbytes) if nbytes < 0 else "+" + format_size(nbytes)
+
+
+def describe_size(value: object) -> str:
+    """A size as messages print it: IEC, plus the value as typed when it used SI units."""
+    text = format_size(parse_size(value))
+    return f"{text} ({value.strip()})" if is_si(value) else text  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much a figure may grow: a fraction of a reference, or a fixed number of bytes."""
+
+    percent: float | None = None
+    nbytes: int | None = None
+    text: str = ""
+
+    def allowance(self, reference: int) -> int:
+        """The bytes of growth allowed on top of ``reference``."""
+        if self.percent is not None:
+            return int(reference * self.percent / 100)
+        return self.nbytes or 0
+
+    def __str__(self) -> str:
+        if self.text:
+            return self.text
+        if self.percent is not None:
+            return f"{self.percent:g}%"
+        return format_size(self.nbytes or 0)
+
+
+def parse_tolerance(value: object) -> Tolerance:
+    """``"5%"`` or a size; raise :class:`SizeError` naming the value otherwise."""
+    if isinstance(value, Tolerance):
+        return value
+    if isinstance(value, str):
+        match = _PERCENT_RE.match(value.strip())
+        if match:
+            return Tolerance(percent=float(match.group(1)), text=value.strip())
+    try:
+        nbytes = parse_size(value)
+    except SizeError:
+        raise SizeError(
+            f"invalid tolerance {value!r}: expected {ACCEPTED_TOLERANCE_FORMS}"
+        ) from None
+    text = value.strip() if isinstance(value, str) else format_size(nbytes)
+    return Tolerance(nbytes=nbytes, text=text)
