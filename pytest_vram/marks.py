@@ -98,8 +98,11 @@ class VramMarks:
 
     @property
     def any(self) -> bool:
-        return bool(self.budgets) or self.tolerance is not None or self.backend is not None or (
-            self.required is not None
+        return (
+            bool(self.budgets)
+            or self.tolerance is not None
+            or self.backend is not None
+            or (self.required is not None)
         )
 
 
@@ -158,4 +161,3 @@ def _size(marker: str, value: object) -> int:
         return parse_size(value)
     except SizeError as exc:
         raise MarkerError(f"{marker}: {exc}") from None
-

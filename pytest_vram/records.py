@@ -71,6 +71,21 @@ class TestRecord:
         """Bytes the test left allocated: a leak signal."""
         return max(0, self.end_allocated - self.start_allocated)
 
+    def figures(self) -> dict[str, int]:
+        """The figures a baseline entry stores, by name."""
+        figures = {"peak_allocated": self.peak_allocated}
+        if self.peak_reserved is not None:
+            figures["peak_reserved"] = self.peak_reserved
+        if self.peak_device is not None:
+            figures["peak_device"] = self.peak_device
+        if "empty_cache" in self.scenarios:
+            figures["idle"] = self.scenarios["empty_cache"]["allocated"]
+        if "single_step" in self.scenarios:
+            figures["single_step_peak"] = self.scenarios["single_step"]["peak"]
+        if "leak_check" in self.scenarios:
+            figures["leak_growth"] = self.scenarios["leak_check"]["growth"]
+        return figures
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["peak_increment"] = self.peak_increment

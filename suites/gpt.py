@@ -153,7 +153,7 @@ class Block(nn.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache=None, layer=0):  # noqa: ANN001 - mirrors Attention
+    def forward(self, x, cos, sin, cache=None, layer=0):
         x = x + self.attention(self.input_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.post_attention_norm(x))
 

@@ -106,7 +106,9 @@ def _handle_for(pynvml: Any, device_index: int) -> Any:
     if uuid is not None:
         text = str(uuid)
         try:
-            return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
+            return pynvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith("GPU-") else f"GPU-{text}"
+            )
         except Exception:
             pass
     return pynvml.nvmlDeviceGetHandleByIndex(device_index)

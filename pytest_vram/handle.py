@@ -1,0 +1,98 @@
+"""The object the ``vram`` fixture gives a test: its device and the three scenarios."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from pytest_vram import scenarios
+from pytest_vram.measurement import TestMeasurement
+from pytest_vram.units import Tolerance
+
+__all__ = ["Measured", "VramHandle"]
+
+
+class Measured:
+    """The figures of one ``with vram.measure()`` block; valid after the block ends."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.peak = start
+        self.end = start
+
+    @property
+    def delta(self) -> int:
+        return self.peak - self.start
+
+    def __repr__(self) -> str:
+        return f"Measured(start={self.start}, peak={self.peak}, end={self.end})"
+
+
+class VramHandle:
+    """Memory measurement for the current test. Scenario results are recorded for the test
+    and stored in its baseline."""
+
+    def __init__(self, measurement: TestMeasurement) -> None:
+        self._measurement = measurement
+
+    @property
+    def device(self) -> torch.device:
+        """Where to put tensors: ``cuda:N`` on the cuda backend, ``cpu`` on cpu and sim."""
+        return self._measurement.backend.device
+
+    @property
+    def backend(self) -> str:
+        return self._measurement.backend.name
+
+    def allocated(self) -> int:
+        """Bytes allocated on the device now."""
+        return self._measurement.allocated()
+
+    @contextmanager
+    def measure(self) -> Iterator[Measured]:
+        """``with vram.measure() as m:`` then ``m.peak``, ``m.start``, ``m.end``, ``m.delta``."""
+        window = self._measurement.open_window()
+        measured = Measured(window.allocated)
+        try:
+            yield measured
+        finally:
+            self._measurement.close_window(window)
+            measured.peak = window.allocated
+            measured.end = self._measurement.allocated()
+
+    def empty_cache(self) -> int:
+        """Collect garbage, release cached blocks, return the bytes still allocated."""
+        result = scenarios.empty_cache(self._measurement)
+        self._record("empty_cache", result.to_dict())
+        return result.allocated
+
+    def single_step(self, fn: Callable[[], Any]) -> scenarios.SingleStepResult:
+        """Reset the peak, run ``fn()`` once; the result has ``.peak``, ``.delta``,
+        ``.before``, ``.after`` and ``.value`` (what ``fn`` returned)."""
+        result = scenarios.single_step(self._measurement, fn)
+        self._record("single_step", result.to_dict())
+        return result
+
+    def leak_check(
+        self,
+        fn: Callable[[], Any],
+        steps: int = 100,
+        warmup: int = 3,
+        tolerance: str | int | Tolerance | None = None,
+    ) -> scenarios.LeakCheckResult:
+        """Run ``fn()`` ``warmup`` times, then ``steps`` times; fail the test when memory keeps
+        growing by more than ``tolerance`` (None: 0 bytes)."""
+        __tracebackhide__ = True
+        try:
+            result = scenarios.leak_check(self._measurement, fn, steps, warmup, tolerance)
+        except scenarios.LeakError as exc:
+            self._record("leak_check", exc.result.to_dict())
+            raise
+        self._record("leak_check", result.to_dict())
+        return result
+
+    def _record(self, name: str, figures: dict[str, Any]) -> None:
+        self._measurement.record.scenarios[name] = figures

@@ -1,0 +1,117 @@
+"""One test's figures, read from a backend across its setup, call and teardown.
+
+Backends keep a single peak counter, but a test may reset it (``vram.single_step``) and nest
+``vram.measure()`` blocks. A :class:`PeakWindow` is one span whose peak is wanted; every reset
+first folds the backend's peak into each open window, so no window loses its maximum.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from pytest_vram.backends.base import Backend
+from pytest_vram.records import TestRecord
+
+__all__ = ["PeakWindow", "TestMeasurement"]
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+class PeakWindow:
+    """The peaks of allocated, reserved and device-level memory over one span."""
+
+    def __init__(self, allocated: int, reserved: int | None) -> None:
+        self.allocated = allocated
+        self.reserved = reserved
+        self.device: int | None = None
+
+    def fold(self, allocated: int, reserved: int | None, device: int | None) -> None:
+        self.allocated = max(self.allocated, allocated)
+        self.reserved = _max(self.reserved, reserved)
+        self.device = _max(self.device, device)
+
+
+class TestMeasurement:
+    """Reads one test's figures from ``backend`` into a :class:`TestRecord`."""
+
+    __test__ = False  # not a test class, whatever pytest's name matching thinks
+
+    def __init__(self, backend: Backend, nodeid: str) -> None:
+        self.backend = backend
+        self.record = TestRecord(nodeid=nodeid, backend=backend.name, device=backend.device_class)
+        self._windows: list[PeakWindow] = []
+        self._test_window: PeakWindow | None = None
+
+    # -- the test's lifecycle -------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start measuring; call before the test's fixtures are set up."""
+        self.backend.begin_test()
+        self._test_window = self.open_window()
+        self.record.start_allocated = self._test_window.allocated
+
+    def finish_call(self) -> None:
+        """Freeze the peaks of setup and call; call when the test body has returned."""
+        if self._test_window is None:
+            return
+        self.close_window(self._test_window)
+        window, self._test_window = self._test_window, None
+        self.record.peak_allocated = window.allocated
+        self.record.peak_reserved = window.reserved
+        self.record.peak_device = window.device
+        self.record.counters = self.backend.counters()
+
+    def end(self) -> None:
+        """Read what the test left allocated; call after its teardown."""
+        self.finish_call()
+        left = self.backend.allocated()
+        if left > self.record.start_allocated:
+            # Only collect when something is left: a full collection costs tens of milliseconds.
+            gc.collect()
+            left = self.backend.allocated()
+        self.record.end_allocated = left
+        self.backend.end_test()
+
+    # -- peak windows ---------------------------------------------------------------------
+
+    def allocated(self) -> int:
+        return self.backend.allocated()
+
+    def open_window(self) -> PeakWindow:
+        self.reset_peak()
+        window = PeakWindow(self.backend.allocated(), self.backend.reserved())
+        self._windows.append(window)
+        return window
+
+    def close_window(self, window: PeakWindow) -> PeakWindow:
+        self._fold()
+        if window in self._windows:
+            self._windows.remove(window)
+        return window
+
+    def reset_peak(self) -> None:
+        """Start a new backend peak without losing any open window's maximum."""
+        self._fold()
+        self.backend.reset_peak()
+
+    def peak(self) -> int:
+        """The backend's peak allocated since the last reset."""
+        return self.backend.peak_allocated()
+
+    def release_cache(self) -> None:
+        self.backend.release_cache()
+
+    def _fold(self) -> None:
+        if not self._windows:
+            return
+        allocated = self.backend.peak_allocated()
+        reserved = self.backend.peak_reserved()
+        device = self.backend.peak_device()
+        for window in self._windows:
+            window.fold(allocated, reserved, device)

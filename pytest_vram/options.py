@@ -1,0 +1,170 @@
+"""Command-line options and ini settings, read once into :class:`Settings`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_vram.backends import BACKENDS
+from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
+
+__all__ = ["Settings", "add_options"]
+
+DEFAULT_TOLERANCE = "5%"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("vram", "GPU memory (pytest-vram)")
+    group.addoption(
+        "--vram-report",
+        action="store_true",
+        help="measure every test and print a memory summary after the run",
+    )
+    group.addoption(
+        "--vram-backend",
+        choices=BACKENDS,
+        default=None,
+        help="what measures memory: cuda (the GPU), cpu (real CPU execution), sim (a simulated "
+        "CUDA device), auto (cuda where available, else sim). Default: ini vram_backend, or auto",
+    )
+    group.addoption(
+        "--vram-sim-capacity",
+        metavar="SIZE",
+        default=None,
+        help="total memory of the simulated device, e.g. 80GB; allocations past it raise "
+        "torch.cuda.OutOfMemoryError (default: ini vram_sim_capacity, or unlimited)",
+    )
+    group.addoption(
+        "--vram-baseline-dir",
+        metavar="DIR",
+        default=None,
+        help="where baseline files live (default: ini vram_baseline_dir, or baselines/ under "
+        "the rootdir)",
+    )
+    group.addoption(
+        "--vram-tolerance",
+        metavar="TOL",
+        default=None,
+        help="growth over a baseline that still passes: a percentage (5%%) or a size (64MiB); "
+        f"default: ini vram_tolerance, or {DEFAULT_TOLERANCE}",
+    )
+    group.addoption(
+        "--vram-update-baselines",
+        action="store_true",
+        help="write the figures of the tests that ran and passed into the baseline files "
+        "instead of comparing (budgets and leak checks still fail)",
+    )
+    group.addoption(
+        "--vram-prune-baselines",
+        action="store_true",
+        help="remove baseline entries whose tests no longer exist",
+    )
+    group.addoption(
+        "--vram-strict",
+        action="store_true",
+        default=None,
+        help="fail measured tests that have no baseline entry (default: ini vram_strict)",
+    )
+    group.addoption("--vram-json", metavar="PATH", default=None, help="write the figures as JSON")
+    group.addoption(
+        "--vram-markdown",
+        metavar="PATH",
+        default=None,
+        help="write a Markdown table of the figures (also appended to $GITHUB_STEP_SUMMARY)",
+    )
+    group.addoption(
+        "--vram-html", metavar="PATH", default=None, help="write a self-contained HTML report"
+    )
+    group.addoption(
+        "--vram-junit-properties",
+        choices=("yes", "no"),
+        default=None,
+        help="add vram_* properties to each measured test in --junitxml output "
+        "(default: ini vram_junit_properties, or yes)",
+    )
+    group.addoption(
+        "--vram-snapshot-on-fail",
+        metavar="DIR",
+        default=None,
+        help="on cuda, record the allocator's history and dump a snapshot pickle for each "
+        "failing measured test into DIR (view it at https://pytorch.org/memory_viz)",
+    )
+    parser.addini("vram_backend", "default backend: auto, cuda, cpu or sim", default="auto")
+    parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
+    parser.addini("vram_baseline_dir", "directory of the baseline files", default="baselines")
+    parser.addini("vram_tolerance", "default tolerance against baselines", default="")
+    parser.addini("vram_strict", "fail tests without a baseline entry", type="bool", default=False)
+    parser.addini("vram_junit_properties", "add vram_* JUnit properties", type="bool", default=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    report: bool
+    backend: str
+    sim_capacity: int | None
+    baseline_dir: Path
+    tolerance: Tolerance
+    update_baselines: bool
+    prune_baselines: bool
+    strict: bool
+    json_path: Path | None
+    markdown_path: Path | None
+    html_path: Path | None
+    junit_properties: bool
+    snapshot_dir: Path | None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        """Read and check every option; a bad value is a usage error that names the option."""
+        option = config.getoption
+        backend = option("--vram-backend") or config.getini("vram_backend") or "auto"
+        if backend not in BACKENDS:
+            raise pytest.UsageError(
+                f"vram_backend = {backend!r} is not a backend: expected one of "
+                f"{', '.join(BACKENDS)}"
+            )
+        capacity_text = option("--vram-sim-capacity") or config.getini("vram_sim_capacity")
+        tolerance_text = (
+            option("--vram-tolerance") or config.getini("vram_tolerance") or DEFAULT_TOLERANCE
+        )
+        try:
+            capacity = parse_size(capacity_text) if capacity_text else None
+        except SizeError as exc:
+            raise pytest.UsageError(f"--vram-sim-capacity / vram_sim_capacity: {exc}") from None
+        try:
+            tolerance = parse_tolerance(tolerance_text)
+        except SizeError as exc:
+            raise pytest.UsageError(f"--vram-tolerance / vram_tolerance: {exc}") from None
+        baseline_dir = Path(
+            option("--vram-baseline-dir") or config.getini("vram_baseline_dir") or "baselines"
+        )
+        if not baseline_dir.is_absolute():
+            base = (
+                config.invocation_params.dir if option("--vram-baseline-dir") else config.rootpath
+            )
+            baseline_dir = base / baseline_dir
+        strict = option("--vram-strict")
+        junit = option("--vram-junit-properties")
+        return cls(
+            report=bool(option("--vram-report")),
+            backend=backend,
+            sim_capacity=capacity,
+            baseline_dir=baseline_dir,
+            tolerance=tolerance,
+            update_baselines=bool(option("--vram-update-baselines")),
+            prune_baselines=bool(option("--vram-prune-baselines")),
+            strict=bool(config.getini("vram_strict") if strict is None else strict),
+            json_path=_path(option("--vram-json")),
+            markdown_path=_path(option("--vram-markdown")),
+            html_path=_path(option("--vram-html")),
+            junit_properties=(
+                bool(config.getini("vram_junit_properties")) if junit is None else junit == "yes"
+            ),
+            snapshot_dir=_path(option("--vram-snapshot-on-fail")),
+        )
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None

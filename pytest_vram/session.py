@@ -1,0 +1,389 @@
+"""The per-test hooks: start a measurement before setup, judge it after the call, finish it after
+teardown, and carry the record on the teardown report to whoever writes the reports.
+
+Data flows one way: backend -> measurement -> record (on the worker) -> report -> the
+controller's records -> baselines and reports. Under pytest-xdist only the controller writes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_vram import __version__
+from pytest_vram.backends import Backend, BackendUnavailable, create_backend, resolve_name
+from pytest_vram.baselines import BaselineStore, compare
+from pytest_vram.marks import MARKERS, MarkerError, VramMarks, read_marks
+from pytest_vram.measurement import TestMeasurement
+from pytest_vram.options import Settings
+from pytest_vram.records import BudgetResult, TestRecord
+from pytest_vram.report import build_document, junit_properties, terminal_lines
+from pytest_vram.scenarios import LeakError
+from pytest_vram.snapshots import SnapshotRecorder
+from pytest_vram.units import describe_size, format_size
+from pytest_vram.writer import BaselineWriter, write_outputs
+
+__all__ = ["MEASUREMENT", "VramSession"]
+
+VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
+MEASURED = pytest.StashKey[bool]()
+MEASUREMENT = pytest.StashKey[TestMeasurement]()
+MARKS = pytest.StashKey[VramMarks]()
+VERDICT = pytest.StashKey["Verdict"]()
+RECORD = pytest.StashKey[TestRecord]()
+
+
+@dataclass
+class Verdict:
+    """What the call phase decided about memory."""
+
+    status: str | None = None
+    raised: bool = False
+    messages: list[str] = field(default_factory=list)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    # The CPU allocator reports exhaustion as a plain RuntimeError.
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def release_frames(tb: TracebackType | None) -> None:
+    """Drop the locals of a finished traceback's frames, so the tensors they hold are freed."""
+    traceback.clear_frames(tb)
+    while tb is not None:
+        # Python 3.11 keeps a materialised f_locals dict after frame.clear(); reading it
+        # again syncs it with the now empty frame.
+        tb.tb_frame.f_locals  # noqa: B018
+        tb = tb.tb_next
+
+
+class VramSession:
+    """The plugin's state for one pytest session (one per xdist worker, and the controller)."""
+
+    def __init__(self, config: pytest.Config, settings: Settings, store: BaselineStore) -> None:
+        self.config = config
+        self.settings = settings
+        self.store = store
+        self.is_worker = hasattr(config, "workerinput")
+        self.backends: dict[str, Backend] = {}
+        self.last_end: dict[str, int] = {}
+        self.records: list[TestRecord] = []
+        self.environments: dict[str, dict[str, Any]] = {}
+        self.collected: set[str] | None = None
+        self.notes: list[str] = []
+        self.snapshots = SnapshotRecorder(settings.snapshot_dir)
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+        self.backends.clear()
+
+    # -- which tests are measured ---------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # tryfirst: the full collection, before -k/-m deselect, tells stale baseline entries.
+        self.collected = {item.nodeid for item in items}
+        measure_all = self.settings.report or self.settings.update_baselines
+        for item in items:
+            item.stash[MEASURED] = (
+                measure_all
+                or any(item.iter_markers(name) for name in MARKERS)
+                or bool(VRAM_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+            )
+
+    def backend(self, name: str) -> Backend:
+        name = resolve_name(name)
+        if name not in self.backends:
+            backend = create_backend(name, sim_capacity=self.settings.sim_capacity)
+            self.backends[name] = backend
+            self.last_end[name] = backend.allocated()
+            env = backend.environment()
+            env["pytest_vram"] = __version__
+            self.environments[name] = env
+        return self.backends[name]
+
+    # -- the test's phases ----------------------------------------------------------------
+
+    # trylast: the innermost wrapper, so the measurement starts right before fixtures are set
+    # up, and a skip or failure raised here passes through the other plugins' wrappers.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        if item.stash.get(MEASURED, False):
+            self._begin(item)
+        return (yield)
+
+    def _begin(self, item: pytest.Item) -> None:
+        try:
+            marks = read_marks(list(item.iter_markers()))
+            backend = self.backend(marks.backend or self.settings.backend)
+        except (MarkerError, BackendUnavailable) as exc:
+            problem = f"usage error in {item.nodeid}: {exc}"
+        else:
+            problem = None
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        if marks.required is not None:
+            total = backend.total_memory()
+            if total is not None and total < marks.required:
+                pytest.skip(
+                    f"requires_vram({describe_size(marks.required_typed)}): the {backend.name} "
+                    f"device has {format_size(total)}"
+                )
+        self._clean(backend)
+        measurement = TestMeasurement(backend, item.nodeid)
+        self.snapshots.start(backend)
+        measurement.begin()
+        item.stash[MARKS] = marks
+        item.stash[MEASUREMENT] = measurement
+
+    def _clean(self, backend: Backend) -> None:
+        """Collect what earlier tests left and empty the allocator cache, so that this test's
+        figures do not depend on which tests ran before it."""
+        if backend.allocated() > self.last_end[backend.name]:
+            import gc
+
+            gc.collect()
+        backend.release_cache()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        measurement = item.stash.get(MEASUREMENT, None)
+        if measurement is None:
+            return (yield)
+        verdict = item.stash[VERDICT] = Verdict()
+        try:
+            result = yield
+        except BaseException as exc:
+            measurement.finish_call()
+            verdict.raised = True
+            self._check_budgets(item, measurement, verdict)
+            self._on_error(item, measurement, exc, verdict)
+            raise
+        measurement.finish_call()
+        self._judge(item, measurement, verdict)
+        return result
+
+    def _on_error(
+        self, item: pytest.Item, measurement: TestMeasurement, exc: BaseException, verdict: Verdict
+    ) -> None:
+        backend = measurement.backend
+        if is_out_of_memory(exc):
+            verdict.status = "oom"
+            summary = backend.memory_summary()
+            if summary:
+                item.add_report_section("call", "vram allocator state", summary)
+        elif isinstance(exc, LeakError):
+            verdict.status = "leak"
+        elif verdict.status is None:
+            verdict.status = "failed"
+        path = self.snapshots.dump(backend, item.nodeid)
+        if path is not None:
+            item.add_report_section("call", "vram snapshot", f"allocator snapshot: {path}")
+        explanation = backend.explain_error(exc)
+        if explanation is not None:
+            raise pytest.fail.Exception(explanation, pytrace=False) from exc
+
+    def _check_budgets(
+        self, item: pytest.Item, measurement: TestMeasurement, verdict: Verdict
+    ) -> None:
+        record = measurement.record
+        peaks = {
+            "allocated": record.peak_allocated,
+            "reserved": record.peak_reserved,
+            "device": record.peak_device,
+        }
+        for budget in item.stash[MARKS].budgets:
+            peak = peaks[budget.metric]
+            if peak is None:
+                verdict.messages.append(
+                    f"max_vram(metric={budget.metric!r}) cannot be checked: the "
+                    f"{record.backend} backend does not measure {budget.metric} memory"
+                    + self._why_missing(measurement.backend, budget.metric)
+                )
+                verdict.status = verdict.status or "over-budget"
+                passed = False
+            else:
+                passed = peak <= budget.limit
+                if not passed:
+                    verdict.status = verdict.status or "over-budget"
+                    verdict.messages.append(
+                        f"peak {budget.metric} memory {format_size(peak)} exceeds "
+                        f"max_vram({describe_size(budget.typed)}) by "
+                        f"{format_size(peak - budget.limit)}"
+                    )
+            record.budgets.append(
+                BudgetResult(budget.limit, budget.metric, peak, str(budget.typed), passed)
+            )
+
+    @staticmethod
+    def _why_missing(backend: Backend, metric: str) -> str:
+        note = getattr(backend, "nvml_note", None)
+        if metric == "device" and note:
+            return f" ({note})"
+        return ""
+
+    def _judge(self, item: pytest.Item, measurement: TestMeasurement, verdict: Verdict) -> None:
+        """Budgets, then the baseline: fail the test with every reason at once."""
+        __tracebackhide__ = True
+        self._check_budgets(item, measurement, verdict)
+        if not self.settings.update_baselines:
+            self._compare_with_baseline(item, measurement.record, verdict)
+        if verdict.messages:
+            verdict.raised = True
+            pytest.fail("\n".join(verdict.messages), pytrace=False)
+
+    def _compare_with_baseline(
+        self, item: pytest.Item, record: TestRecord, verdict: Verdict
+    ) -> None:
+        entry = self.store.entry(record.device, record.nodeid)
+        if entry is None:
+            verdict.status = verdict.status or "new"
+            if self.settings.strict:
+                verdict.status = "failed" if verdict.status == "new" else verdict.status
+                verdict.messages.append(
+                    f"no baseline for {record.nodeid} on device {record.device!r} in "
+                    f"{self.settings.baseline_dir} (--vram-strict); record one with "
+                    f"pytest --vram-update-baselines {record.nodeid}"
+                )
+            return
+        record.baseline = dict(entry)
+        tolerance = item.stash[MARKS].tolerance or self.settings.tolerance
+        changes = compare(record.figures(), entry, tolerance)
+        regressions = [change for change in changes if change.regressed]
+        hint = (
+            "if this is intended, update the baseline: "
+            f"pytest --vram-update-baselines {record.nodeid}"
+        )
+        if regressions:
+            verdict.status = verdict.status or "regression"
+            verdict.messages += [f"memory regression: {c.describe()}" for c in regressions]
+            verdict.messages.append(hint)
+        elif any(change.improved for change in changes):
+            verdict.status = verdict.status or "improved"
+            record.messages += [f"improved: {c.describe()}" for c in changes if c.improved]
+            record.messages.append(hint)
+        else:
+            verdict.status = verdict.status or "ok"
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        try:
+            return (yield)
+        finally:
+            measurement = item.stash.get(MEASUREMENT, None)
+            if measurement is not None:
+                self._finish(item, measurement)
+
+    def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
+        verdict = item.stash.get(VERDICT, None)
+        if verdict is None:  # setup failed: the call never ran
+            measurement.finish_call()
+            verdict = Verdict(status="failed", raised=True)
+        last_traceback = getattr(sys, "last_traceback", None)
+        if verdict.raised and last_traceback is not None:
+            # The failed call's frames still hold its tensors; free them so the next test
+            # starts clean (pytest keeps them in sys.last_traceback for post-mortem debugging).
+            release_frames(last_traceback)
+        measurement.end()
+        record = measurement.record
+        self.last_end[record.backend] = record.end_allocated
+        record.outcome = "failed" if verdict.raised else "passed"
+        record.status = verdict.status or ("failed" if verdict.raised else "ok")
+        record.messages = verdict.messages + record.messages
+        if self.settings.junit_properties:
+            item.user_properties.extend(junit_properties(record))
+        item.stash[RECORD] = record
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+        report = yield
+        record = item.stash.get(RECORD, None)
+        if call.when == "teardown" and record is not None:
+            # Plain data: pytest-xdist serialises the report, attributes included.
+            report.vram_record = record.to_dict()
+            report.vram_environment = self.environments.get(record.backend, {})
+        return report
+
+    # -- the controller: collect records, write reports -----------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "vram_record", None)
+        if report.when != "teardown" or data is None:
+            return
+        record = TestRecord.from_dict(data)
+        self.records.append(record)
+        environment = getattr(report, "vram_environment", None)
+        if environment:
+            self.environments.setdefault(record.backend, environment)
+
+    def stale_entries(self) -> list[str]:
+        """Baseline entries of tests that no longer exist, judged only where this run
+        collected their file (a partial run says nothing of files it did not collect)."""
+        if self.collected is None:
+            return []
+        collected_files = {nodeid.split("::")[0] for nodeid in self.collected}
+        root = self.config.rootpath
+        stale = set()
+        for baseline in self.store.files.values():
+            for nodeid in baseline.entries:
+                path = nodeid.split("::")[0]
+                if nodeid in self.collected:
+                    continue
+                if path in collected_files or not (root / path).exists():
+                    stale.add(nodeid)
+        return sorted(stale)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            return
+        self._add_suite_properties()
+        writer = BaselineWriter(self.store, self.environments)
+        if self.settings.update_baselines:
+            writer.update(self.records)
+        if self.settings.prune_baselines:
+            if self.collected is None:
+                self.notes.append(
+                    "--vram-prune-baselines needs the collection, which this process did not "
+                    "see (pytest-xdist): run it without -n"
+                )
+            else:
+                writer.prune(self.stale_entries())
+        self.notes += writer.save()
+        document = build_document(self.records, self.environments)
+        self.notes += write_outputs(document, self.settings, os.environ.get("GITHUB_STEP_SUMMARY"))
+        self.notes += self.snapshots.notes()
+
+    def _add_suite_properties(self) -> None:
+        try:
+            from _pytest.junitxml import xml_key
+        except ImportError:  # pragma: no cover - pytest moved it
+            return
+        xml = self.config.stash.get(xml_key, None)
+        if xml is None or not self.settings.junit_properties:
+            return
+        for name, environment in sorted(self.environments.items()):
+            prefix = "vram_env" if len(self.environments) == 1 else f"vram_env_{name}"
+            for key in ("backend", "device", "torch", "cuda", "driver", "total_memory"):
+                if environment.get(key) is not None:
+                    xml.add_global_property(f"{prefix}_{key}", str(environment[key]))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.is_worker:
+            return
+        if self.settings.report:
+            terminalreporter.write_sep("=", "vram report")
+            for line in terminal_lines(self.records, self.stale_entries()):
+                terminalreporter.write_line(line)
+        for note in self.notes:
+            terminalreporter.write_line(f"pytest-vram: {note}")
