@@ -111,7 +111,11 @@ def _bind(name: str, mark: pytest.Mark) -> inspect.BoundArguments:
     try:
         bound = signature.bind(*mark.args, **mark.kwargs)
     except TypeError as exc:
-        raise MarkerError(f"{name}{signature}: {exc}") from None
+        plain = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise MarkerError(f"{name}{plain}: {exc}") from None
     bound.apply_defaults()
     return bound
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.backends import BackendUnavailable, create_backend
 from pytest_vram.baselines import BaselineFileError, BaselineStore
 from pytest_vram.handle import VramHandle
 from pytest_vram.marks import MARKER_HELP
@@ -25,6 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_HELP.values():
         config.addinivalue_line("markers", line)
     settings = Settings.from_config(config)
+    if settings.backend == "cuda":
+        try:
+            create_backend("cuda").close()
+        except BackendUnavailable as exc:
+            raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
     try:
         store = BaselineStore.load(settings.baseline_dir)
     except BaselineFileError as exc:

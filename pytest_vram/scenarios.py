@@ -107,8 +107,8 @@ class LeakCheckResult:
             f"memory grew by {format_delta(self.growth)} over {self.steps} steps after "
             f"{self.warmup} warm-up steps ({format_size(self.baseline)} -> "
             f"{format_size(self.baseline + self.growth)}), about "
-            f"{format_delta(round(self.sustained_per_step))} every step; still there after garbage collection: "
-            f"{format_delta(self.confirmed or 0)}; tolerance {self.tolerance}"
+            f"{format_delta(round(self.sustained_per_step))} every step; still there after "
+            f"garbage collection: {format_delta(self.confirmed or 0)}; tolerance {self.tolerance}"
         )
 
 

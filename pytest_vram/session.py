@@ -97,7 +97,7 @@ class VramSession:
         for item in items:
             item.stash[MEASURED] = (
                 measure_all
-                or any(item.iter_markers(name) for name in MARKERS)
+                or any(item.get_closest_marker(name) for name in MARKERS)
                 or bool(VRAM_FIXTURES.intersection(getattr(item, "fixturenames", ())))
             )
 
@@ -294,6 +294,11 @@ class VramSession:
             # The failed call's frames still hold its tensors; free them so the next test
             # starts clean (pytest keeps them in sys.last_traceback for post-mortem debugging).
             release_frames(last_traceback)
+        # pytest drops the test's fixture values only after the teardown report; drop them now,
+        # or what the test's function-scoped fixtures held would count as left over.
+        funcargs = getattr(item, "funcargs", None)
+        if isinstance(funcargs, dict):
+            funcargs.clear()
         measurement.end()
         record = measurement.record
         self.last_end[record.backend] = record.end_allocated

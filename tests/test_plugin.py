@@ -1,0 +1,356 @@
+"""End-to-end runs of the plugin through pytester: markers, fixtures, the report, JUnit."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+CPU = "--vram-backend=cpu"
+
+
+def junit_properties(path) -> dict[str, dict[str, str]]:
+    root = ET.parse(path).getroot()
+    found = {}
+    for case in root.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        found[case.get("name")] = props
+    return found
+
+
+def test_budget_failure_states_limit_peak_and_excess(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_vram import max_vram
+
+        @max_vram("4KiB")
+        def test_over(vram):
+            x = torch.ones(2048, device=vram.device)  # 8 KiB
+
+        @max_vram("1MB")
+        def test_under(vram):
+            x = torch.ones(2048, device=vram.device)
+        """
+    )
+    result = pytester.runpytest(CPU)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*peak allocated memory 8.00 KiB exceeds max_vram(4.00 KiB) by 4.00 KiB*"]
+    )
+
+
+def test_si_budget_prints_the_typed_value(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.max_vram("1kB")
+        def test_over(vram):
+            x = torch.ones(1000, device=vram.device)
+        """
+    )
+    result = pytester.runpytest(CPU)
+    result.stdout.fnmatch_lines(["*3.91 KiB exceeds max_vram(1000 B (1kB)) by 2.93 KiB*"])
+
+
+@pytest.mark.parametrize("bad", ["'72GBs'", "'-1GB'", "'GB'", "'1e3'", "None"])
+def test_bad_size_is_a_usage_error_naming_test_and_value(pytester: pytest.Pytester, bad) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.max_vram({bad})
+        def test_marked():
+            pass
+        """
+    )
+    result = pytester.runpytest(CPU)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [f"*usage error in test_bad_size*::test_marked: max_vram: invalid size {bad}*KiB/MiB*"]
+    )
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_wrong_marker_arguments_are_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.max_vram("1GB", metric="vram")
+        def test_metric(): pass
+
+        @pytest.mark.max_vram()
+        def test_missing(): pass
+
+        @pytest.mark.vram_backend("tpu")
+        def test_backend(): pass
+        """
+    )
+    result = pytester.runpytest(CPU)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_metric: max_vram: invalid metric 'vram': expected one of allocated, reserved*",
+            "*test_missing: max_vram(limit, *, metric='allocated')*missing*limit*",
+            "*test_backend: vram_backend: unknown backend 'tpu'*",
+        ],
+        consecutive=False,
+    )
+
+
+def test_bad_options_are_usage_errors(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--vram-tolerance=5x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--vram-tolerance*invalid tolerance '5x'*"])
+    result = pytester.runpytest("--vram-sim-capacity=lots")
+    result.stderr.fnmatch_lines(["*--vram-sim-capacity*invalid size 'lots'*"])
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--vram-backend=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--vram-backend=cuda: the cuda backend needs a CUDA GPU*"])
+
+
+def test_unmeasured_tests_run_as_without_the_plugin(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_plain(request):
+            x = torch.ones(10)
+            assert not any(name.startswith("vram") for name, _ in request.node.user_properties)
+        """
+    )
+    result = pytester.runpytest(CPU, "--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    assert junit_properties(pytester.path / "out.xml")["test_plain"] == {}
+
+
+def test_disabled_with_p_no_vram(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:vram", "--vram-report")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unrecognized arguments: --vram-report*"])
+
+
+def test_report_lists_measured_tests_worst_first(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_vram import max_vram
+
+        def test_small(vram):
+            x = torch.ones(256)
+
+        def test_big(vram):
+            x = torch.ones(1024 * 1024)
+
+        @max_vram("1KiB")
+        def test_over(vram):
+            x = torch.ones(1024)
+
+        def test_unmeasured():
+            pass
+        """
+    )
+    result = pytester.runpytest(CPU, "--vram-report")
+    result.stdout.fnmatch_lines(
+        [
+            "*= vram report =*",
+            "test * backend * peak * increment * leftover * baseline * change * status",
+            "test_report_lists*::test_over * cpu * 4.00 KiB * 4.00 KiB * 0 B * - * - * over-budget",
+            "test_report_lists*::test_big * cpu * 4.00 MiB * 4.00 MiB * 0 B * new",
+            "test_report_lists*::test_small * cpu * 1.00 KiB * 1.00 KiB * 0 B * new",
+            "test_report_lists*::test_unmeasured * cpu * 0 B * new",
+            "4 measured tests: 1 over-budget, 3 new",
+        ]
+    )
+
+
+def test_leak_of_512_bytes_a_step_fails_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_leaky(vram_leak_check):
+            kept = []
+            vram_leak_check(lambda: kept.append(torch.ones(128)), steps=100, tolerance="0B")
+        """
+    )
+    result = pytester.runpytest(CPU, "--vram-report")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*LeakError: leak check failed: memory grew by +50.00 KiB over 100 steps*"
+            "about +512 B every step*",
+            "*::test_leaky * cpu * leak",
+        ]
+    )
+
+
+def test_scenario_fixtures_record_their_results(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import json
+        import torch
+
+        def test_scenarios(vram, vram_empty_cache, vram_single_step, vram_leak_check):
+            weights = torch.ones(1024)
+            assert vram_empty_cache() == 4096
+            step = vram_single_step(lambda: torch.ones(2048).sum())
+            # step.value, the 4-byte sum, is still held after the step
+            assert (step.before, step.peak, step.delta, step.after) == (4096, 12292, 8196, 4100)
+            assert vram_leak_check(lambda: torch.ones(64) * 2, steps=10).growth == 0
+        """
+    )
+    result = pytester.runpytest(CPU, "--vram-json=out.json")
+    result.assert_outcomes(passed=1)
+    test = json.loads((pytester.path / "out.json").read_text())["tests"][0]
+    assert test["scenarios"]["empty_cache"] == {"allocated": 4096}
+    assert test["scenarios"]["single_step"]["peak"] == 4096 + 8192 + 4
+    assert test["scenarios"]["leak_check"]["per_step"] == [4100] * 10
+
+
+def test_measure_block_gives_peak_start_end_delta(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_blocks(vram):
+            base = torch.ones(256)
+            with vram.measure() as outer:
+                a = torch.ones(1024)
+                with vram.measure() as inner:
+                    b = torch.ones(512)
+                    del b
+                del a
+            assert (inner.start, inner.peak, inner.end, inner.delta) == (5120, 7168, 5120, 2048)
+            assert (outer.start, outer.peak, outer.end, outer.delta) == (1024, 7168, 1024, 6144)
+        """
+    )
+    pytester.runpytest(CPU).assert_outcomes(passed=1)
+
+
+def test_requires_vram_skips_on_a_small_device(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_vram("1000TB")
+        def test_huge():
+            pass
+
+        @pytest.mark.requires_vram("1KiB")
+        def test_tiny():
+            pass
+        """
+    )
+    result = pytester.runpytest(CPU, "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*requires_vram(909.49 TiB (1000TB)): the cpu device has *"])
+
+
+def test_out_of_memory_is_reported_and_the_next_test_starts_clean(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_oom(vram):
+            held = torch.ones(1024 * 1024)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+        def test_after(vram):
+            assert vram.allocated() == 0
+            x = torch.ones(1024)
+        """
+    )
+    result = pytester.runpytest(CPU, "--vram-report", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*::test_oom * cpu * 4.00 MiB * 4.00 MiB * 0 B * oom",
+            "*::test_after * cpu * 4.00 KiB * 4.00 KiB * 0 B * new",
+        ]
+    )
+
+
+def test_junit_properties_are_integer_bytes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_measured(vram):
+            x = torch.ones(1024, device=vram.device)
+        """
+    )
+    pytester.runpytest(CPU, "--junitxml=out.xml").assert_outcomes(passed=1)
+    props = junit_properties(pytester.path / "out.xml")["test_measured"]
+    assert props["vram_backend"] == "cpu"
+    assert props["vram_device"] == "cpu"
+    assert props["vram_peak_allocated"] == "4096"
+    assert props["vram_status"] == "new"
+    assert props["vram_leftover"] == "0"
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    suite_props = {p.get("name"): p.get("value") for p in root.find("testsuite/properties")}
+    assert suite_props["vram_env_backend"] == "cpu"
+    assert suite_props["vram_env_torch"].startswith("2.")
+
+
+def test_junit_properties_can_be_turned_off(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_measured(vram): pass")
+    result = pytester.runpytest(CPU, "--junitxml=out.xml", "--vram-junit-properties=no")
+    result.assert_outcomes(passed=1)
+    assert junit_properties(pytester.path / "out.xml")["test_measured"] == {}
+
+
+MODULE_FIXTURES = """
+import pytest
+import torch
+
+@pytest.fixture(scope="module")
+def shared():
+    return torch.ones(4096)  # 16 KiB, made by whichever test of the module runs first
+
+@pytest.fixture
+def own():
+    return torch.ones(1024)
+
+def test_first(vram, shared, own):
+    x = torch.ones(256)
+
+def test_second(vram, shared, own):
+    y = torch.ones(512)
+
+def test_leaves_garbage(vram):
+    cycle = [torch.ones(8192)]
+    cycle.append(cycle)  # collectable, but only by the cycle collector
+"""
+
+
+def read_peaks(path) -> dict[str, int]:
+    tests = json.loads(path.read_text())["tests"]
+    return {test["nodeid"]: test["peak_allocated"] for test in tests}
+
+
+def test_compared_peak_does_not_depend_on_test_order(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_order=MODULE_FIXTURES)
+    first = "test_order.py::test_first"
+    second = "test_order.py::test_second"
+    garbage = "test_order.py::test_leaves_garbage"
+    expected = {first: 16384 + 4096 + 1024, second: 16384 + 4096 + 2048}
+    for order in ([first], [second], [first, second, garbage], [garbage, second, first]):
+        result = pytester.runpytest(CPU, "--vram-json=out.json", *order)
+        result.assert_outcomes(passed=len(order))
+        peaks = read_peaks(pytester.path / "out.json")
+        assert {nodeid: peaks[nodeid] for nodeid in order if nodeid in expected} == {
+            nodeid: expected[nodeid] for nodeid in order if nodeid in expected
+        }, order
