@@ -62,7 +62,11 @@ class BaselineFile:
     def dump(self) -> str:
         document = {
             "device": self.device,
-            "environment": {k: v for k, v in sorted(self.environment.items()) if v is not None},
+            "environment": {
+                str(k): v if isinstance(v, int) else str(v)
+                for k, v in sorted(self.environment.items())
+                if v is not None
+            },
             "tests": {
                 nodeid: dict(sorted(self.entries[nodeid].items()))
                 for nodeid in sorted(self.entries)

@@ -75,7 +75,7 @@ class Backend:
         return None
 
     def environment(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": self.device_class, "torch": torch.__version__}
+        return {"backend": self.name, "device": self.device_class, "torch": str(torch.__version__)}
 
     def close(self) -> None:
         """Release what the backend holds for the session (threads, handles)."""

@@ -95,7 +95,7 @@ class CudaBackend(Backend):
 
     def environment(self) -> dict[str, Any]:
         env = super().environment()
-        env["cuda"] = torch.version.cuda
+        env["cuda"] = str(torch.version.cuda)
         env["gpu"] = self.device_class
         env["total_memory"] = self.total_memory()
         if self._nvml is not None:
