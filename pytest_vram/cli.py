@@ -12,13 +12,14 @@ class CliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pytest_vram import estimate
+    from pytest_vram import estimate, junitfiles
 
     parser = argparse.ArgumentParser(
         prog="pytest-vram", description="GPU memory figures for PyTorch code."
     )
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     estimate.add_cli_parser(subcommands)
+    junitfiles.add_cli_parsers(subcommands)
     return parser
 
 
@@ -33,4 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Under ``python -m`` this file is __main__, a second copy of the module: run the
+    # package's own main so that subcommands raise the CliError it catches.
+    from pytest_vram.cli import main as package_main
+
+    sys.exit(package_main())

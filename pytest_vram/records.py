@@ -7,7 +7,7 @@ JSON document are all computed from these dicts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
@@ -87,7 +87,9 @@ class TestRecord:
         return figures
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # A shallow copy: dataclasses.asdict deep-copies, and this runs for every test.
+        data = dict(vars(self))
+        data["budgets"] = [vars(budget).copy() for budget in self.budgets]
         data["peak_increment"] = self.peak_increment
         data["leftover"] = self.leftover
         return data

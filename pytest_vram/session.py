@@ -177,6 +177,8 @@ class VramSession:
         self, item: pytest.Item, measurement: TestMeasurement, exc: BaseException, verdict: Verdict
     ) -> None:
         backend = measurement.backend
+        if is_out_of_memory(exc) or isinstance(exc, LeakError):
+            verdict.messages.append(str(exc).strip().splitlines()[0])
         if is_out_of_memory(exc):
             verdict.status = "oom"
             summary = backend.memory_summary()

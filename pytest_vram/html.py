@@ -1,0 +1,468 @@
+"""The HTML report: one self-contained page with charts, rendered from the JSON document.
+
+Everything is inline (CSS and SVG, no scripts, fonts or links to fetch), so the file opens the
+same from a CI artifact, an air-gapped machine or a mail attachment. Every string taken from the
+document is escaped: node ids are user text and can hold ``<``, ``&`` and quotes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+from pytest_vram.markdown import status_counts
+from pytest_vram.units import format_delta, format_size
+
+__all__ = ["MAX_BARS", "render_html"]
+
+#: Bars in the peak chart; the document is worst first, so the cut keeps what matters.
+MAX_BARS = 60
+# A leak check of thousands of steps is drawn from this many points (min and max per bucket).
+_MAX_POINTS = 1200
+
+_FAILING = frozenset({"oom", "over-budget", "leak", "regression", "failed"})
+_STATUS_COLOURS = {
+    "oom": "#b4232a",
+    "over-budget": "#d1495b",
+    "leak": "#c2410c",
+    "regression": "#e4572e",
+    "failed": "#9f1239",
+    "new": "#2f6fdb",
+    "improved": "#2e9d5b",
+    "ok": "#7f9c8c",
+    "skipped": "#a3a3a3",
+}
+_UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+_CSS = """
+:root { color-scheme: light; --ink: #1f2328; --muted: #59636e; --line: #d0d7de; --panel: #f6f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 32px 48px; font: 14px/1.45 -apple-system, "Segoe UI", Roboto,
+  "Helvetica Neue", Arial, sans-serif; color: var(--ink); background: #fff; }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 18px; margin: 32px 0 8px; padding-bottom: 4px;
+  border-bottom: 1px solid var(--line); }
+h3 { font-size: 13px; margin: 0 0 4px; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas,
+  monospace; word-break: break-all; }
+.meta, .note { color: var(--muted); margin: 0 0 8px; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
+.card { border: 1px solid var(--line); border-radius: 8px; padding: 8px 16px; min-width: 110px;
+  background: var(--panel); }
+.card b { display: block; font-size: 22px; }
+.card.bad b { color: #b4232a; }
+.card span { color: var(--muted); }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line);
+  vertical-align: top; }
+th { background: var(--panel); font-weight: 600; }
+td.num, th.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.test { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px;
+  word-break: break-all; }
+td.msg { white-space: pre-wrap; font-size: 12px; color: var(--muted); max-width: 420px; }
+tr.failing td.test { color: #9f1239; }
+.badge { display: inline-block; padding: 0 8px; border-radius: 10px; color: #fff; font-size: 12px;
+  white-space: nowrap; }
+.legend { display: flex; flex-wrap: wrap; gap: 14px; color: var(--muted); font-size: 12px;
+  margin: 4px 0; }
+.legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;
+  vertical-align: -2px; border-radius: 2px; }
+.legend i.marker { width: 3px; background: #1f2328; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; }
+figure { margin: 0; border: 1px solid var(--line); border-radius: 8px; padding: 12px; }
+figcaption { color: var(--muted); font-size: 12px; margin-bottom: 4px; }
+svg { display: block; max-width: 100%; height: auto; }
+svg text { font: 11px -apple-system, "Segoe UI", Roboto, Arial, sans-serif; fill: #59636e; }
+svg text.label { fill: #1f2328;
+  font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+"""
+
+
+def render_html(document: Mapping[str, Any]) -> str:
+    """The report page for a JSON document, as one self-contained HTML string."""
+    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
+    parts = [
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        "<title>pytest-vram report</title>\n"
+        f"<style>{_CSS}</style>\n</head>\n<body>\n",
+        _header(document),
+        _cards(document),
+        _environments(document.get("environments") or {}),
+        _peak_section(tests),
+        _leak_section(tests),
+        _table_section(tests),
+        "</body>\n</html>\n",
+    ]
+    return "".join(parts)
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _header(document: Mapping[str, Any]) -> str:
+    meta = []
+    if document.get("pytest_vram"):
+        meta.append(f"pytest-vram {_e(document['pytest_vram'])}")
+    if document.get("created"):
+        meta.append(f"created {_e(document['created'])}")
+    return "<h1>GPU memory report</h1>\n" + (
+        f'<p class="meta">{" · ".join(meta)}</p>\n' if meta else ""
+    )
+
+
+def _cards(document: Mapping[str, Any]) -> str:
+    measured, counts = status_counts(document)
+    cards = [f'<div class="card"><b>{measured}</b><span>measured</span></div>']
+    for status, count in counts.items():
+        bad = " bad" if status in _FAILING or status == "regressions" else ""
+        cards.append(f'<div class="card{bad}"><b>{count}</b><span>{_e(status)}</span></div>')
+    return '<div class="cards">' + "".join(cards) + "</div>\n"
+
+
+def _environments(environments: Mapping[str, Any]) -> str:
+    rows = []
+    for name, env in environments.items():
+        if not isinstance(env, Mapping):
+            continue
+        total = _int(env.get("total_memory"))
+        cells = [
+            env.get("backend") or name,
+            env.get("device") or "",
+            env.get("torch") or "",
+            env.get("cuda") or "",
+            env.get("driver") or "",
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(f"<td>{_e(c)}</td>" for c in cells)
+            + f'<td class="num">{_e(format_size(total)) if total is not None else ""}</td></tr>'
+        )
+    if not rows:
+        return ""
+    return (
+        "<h2>Environments</h2>\n<table><thead><tr><th>Backend</th><th>Device</th><th>torch</th>"
+        '<th>CUDA</th><th>Driver</th><th class="num">Total memory</th></tr></thead><tbody>'
+        + "".join(rows)
+        + "</tbody></table>\n"
+    )
+
+
+# --- axes -------------------------------------------------------------------------------------
+
+
+def _unit(value: float) -> tuple[str, int]:
+    for name, factor in _UNITS:
+        if value >= factor:
+            return name, factor
+    return "B", 1
+
+
+def _nice_step(raw: float) -> float:
+    if raw <= 0:
+        return 1.0
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for multiple in (1, 2, 2.5, 5, 10):
+        if multiple * magnitude >= raw * (1 - 1e-9):
+            return multiple * magnitude
+    return 10 * magnitude  # pragma: no cover - the loop always returns
+
+
+def _decimals(step: float) -> int:
+    text = f"{step:.6f}".rstrip("0").rstrip(".")
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def _size_ticks(lo: float, hi: float, count: int = 5) -> tuple[list[tuple[float, str]], int]:
+    """Round ticks that cover ``lo`` to ``hi`` (bytes), labelled in one IEC unit.
+
+    Returns the ticks and an offset: a few KiB of growth on a 40 GiB baseline would need a dozen
+    decimals, so when two do not tell the ticks apart they are labelled as growth above ``lo``
+    (``+4.00 KiB``) and the offset is ``lo``; otherwise it is 0.
+    """
+    name, factor = _unit(max(abs(lo), abs(hi)))
+    step = _nice_step((hi - lo) / factor / count)
+    if step < 0.01 and lo > 0:
+        ticks, _ = _size_ticks(0, hi - lo, count)
+        return [(lo + position, "+" + label) for position, label in ticks], int(lo)
+    if name == "B":
+        step = max(1.0, math.ceil(step))
+    digits = _decimals(step)
+    first = math.floor(lo / factor / step + 1e-9)
+    last = math.ceil(hi / factor / step - 1e-9)
+    ticks = [
+        (index * step * factor, f"{index * step:.{digits}f} {name}")
+        for index in range(first, last + 1)
+    ]
+    return ticks, 0
+
+
+def _int_ticks(lo: int, hi: int, count: int = 6) -> list[int]:
+    step = max(1, math.ceil(_nice_step((hi - lo) / count)))
+    first = math.ceil(lo / step) * step
+    return list(range(first, hi + 1, step))
+
+
+def _short(text: str, width: int) -> str:
+    # Keep the end of a node id: the test name and parameters tell tests apart, the path less so.
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+# --- peaks against baselines --------------------------------------------------------------------
+
+
+def _peak_section(tests: list[Mapping[str, Any]]) -> str:
+    shown = [t for t in tests if _int(t.get("peak_allocated")) is not None][:MAX_BARS]
+    if not shown:
+        return '<h2>Peaks against baselines</h2>\n<p class="note">No test was measured.</p>\n'
+    left, right, value_width = 330, 960, 130
+    row, top = 22, 28
+    width = right + value_width
+    height = top + row * len(shown) + 8
+    largest = 1
+    for test in shown:
+        largest = max(largest, test["peak_allocated"], _baseline_peak(test) or 0)
+    ticks, _ = _size_ticks(0, largest)
+    scale_max = ticks[-1][0]
+
+    def x(value: float) -> float:
+        return left + (right - left) * value / scale_max
+
+    svg = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="Peak allocated per test against its baseline">'
+    ]
+    for position, label in ticks:
+        px = x(position)
+        svg.append(
+            f'<line x1="{px:.1f}" y1="{top - 4}" x2="{px:.1f}" y2="{height - 8}" stroke="#eaeef2"/>'
+            f'<text x="{px:.1f}" y="{top - 10}" text-anchor="middle">{_e(label)}</text>'
+        )
+    for index, test in enumerate(shown):
+        y = top + index * row
+        peak = test["peak_allocated"]
+        status = str(test.get("status") or "")
+        colour = _STATUS_COLOURS.get(status, "#7f9c8c")
+        nodeid = str(test.get("nodeid") or "")
+        baseline = _baseline_peak(test)
+        tip = f"{nodeid}\npeak {format_size(peak)}"
+        if baseline is not None:
+            tip += f"\nbaseline {format_size(baseline)}"
+        tip += f"\n{status}"
+        svg.append(
+            f"<g><title>{_e(tip)}</title>"
+            f'<text class="label" x="{left - 8}" y="{y + 15}" text-anchor="end">'
+            f"{_e(_short(nodeid, 46))}</text>"
+            f'<rect x="{left}" y="{y + 4}" width="{max(1.0, x(peak) - left):.1f}" '
+            f'height="{row - 8}" rx="2" fill="{colour}"/>'
+        )
+        if baseline is not None:
+            bx = x(baseline)
+            svg.append(
+                f'<line x1="{bx:.1f}" y1="{y + 1}" x2="{bx:.1f}" y2="{y + row - 1}" '
+                'stroke="#1f2328" stroke-width="2.5"/>'
+            )
+        svg.append(f'<text x="{right + 10}" y="{y + 15}">{_e(format_size(peak))}</text></g>')
+    svg.append("</svg>")
+
+    present = []
+    for test in shown:
+        status = str(test.get("status") or "")
+        if status not in present:
+            present.append(status)
+    legend = "".join(
+        f'<span><i style="background:{_STATUS_COLOURS.get(s, "#7f9c8c")}"></i>{_e(s)}</span>'
+        for s in present
+    )
+    legend += '<span><i class="marker"></i>baseline</span>'
+    note = ""
+    measured = sum(1 for t in tests if _int(t.get("peak_allocated")) is not None)
+    if measured > len(shown):
+        note = (
+            f'<p class="note">The {len(shown)} tests listed first of {measured}; '
+            "the table below has them all.</p>\n"
+        )
+    return (
+        "<h2>Peaks against baselines</h2>\n"
+        f'<div class="legend">{legend}</div>\n{note}' + "".join(svg) + "\n"
+    )
+
+
+def _baseline_peak(test: Mapping[str, Any]) -> int | None:
+    baseline = test.get("baseline")
+    return _int(baseline.get("peak_allocated")) if isinstance(baseline, Mapping) else None
+
+
+# --- leak checks --------------------------------------------------------------------------------
+
+
+def _leak_section(tests: list[Mapping[str, Any]]) -> str:
+    figures = []
+    for test in tests:
+        scenarios = test.get("scenarios")
+        leak = scenarios.get("leak_check") if isinstance(scenarios, Mapping) else None
+        if not isinstance(leak, Mapping):
+            continue
+        series = [v for v in leak.get("per_step") or [] if _int(v) is not None]
+        if not series:
+            continue
+        figures.append(_leak_figure(str(test.get("nodeid") or ""), leak, series))
+    if not figures:
+        return ""
+    return (
+        "<h2>Leak checks</h2>\n"
+        '<p class="note">Allocated bytes after each step, after the warm-up steps.</p>\n'
+        '<div class="charts">' + "".join(figures) + "</div>\n"
+    )
+
+
+def _leak_figure(nodeid: str, leak: Mapping[str, Any], series: Sequence[int]) -> str:
+    leaked = bool(leak.get("leaked"))
+    growth = _int(leak.get("growth"))
+    facts = []
+    if growth is not None:
+        facts.append(f"growth {format_delta(growth)}")
+    per_step = leak.get("growth_per_step")
+    if isinstance(per_step, (int, float)) and not isinstance(per_step, bool):
+        facts.append(f"{format_delta(round(per_step))} per step")
+    for key, label in (("steps", "steps"), ("warmup", "warm-up")):
+        if _int(leak.get(key)) is not None:
+            facts.append(f"{leak[key]} {label}")
+    if leak.get("tolerance") not in (None, ""):
+        facts.append(f"tolerance {leak['tolerance']}")
+    badge_colour = _STATUS_COLOURS["leak"] if leaked else _STATUS_COLOURS["ok"]
+    badge_text = "leak" if leaked else "no leak"
+    badge = f'<span class="badge" style="background:{badge_colour}">{badge_text}</span>'
+    return (
+        f"<figure><h3>{_e(nodeid)}</h3><figcaption>{badge} {_e(' · '.join(facts))}</figcaption>"
+        + _line_chart(series, "#c2410c" if leaked else "#2f6fdb")
+        + "</figure>"
+    )
+
+
+def _downsample(series: Sequence[int]) -> list[tuple[int, int]]:
+    """(step, bytes) points, at most about ``_MAX_POINTS``, keeping each bucket's extremes."""
+    if len(series) <= _MAX_POINTS:
+        return [(i + 1, v) for i, v in enumerate(series)]
+    bucket = math.ceil(len(series) / (_MAX_POINTS // 2))
+    points = []
+    for start in range(0, len(series), bucket):
+        chunk = series[start : start + bucket]
+        low = min(range(len(chunk)), key=chunk.__getitem__)
+        high = max(range(len(chunk)), key=chunk.__getitem__)
+        for offset in sorted({low, high}):
+            points.append((start + offset + 1, chunk[offset]))
+    return points
+
+
+def _line_chart(series: Sequence[int], colour: str) -> str:
+    width, height = 520, 240
+    lo, hi = min(series), max(series)
+    if lo == hi:
+        # A flat series still needs a y range; centre it so the line reads as flat, not as zero.
+        pad = max(512, lo // 50)
+        lo, hi = max(0, lo - pad), hi + pad
+    ticks, offset = _size_ticks(lo, hi)
+    lo, hi = ticks[0][0], ticks[-1][0]
+    steps = len(series)
+    # Offset labels need a line above the plot that says what they are offsets from.
+    left, right, top, bottom = 78, width - 14, 28 if offset else 12, height - 38
+
+    def x(step: float) -> float:
+        return left + (right - left) * ((step - 1) / (steps - 1) if steps > 1 else 0.5)
+
+    def y(value: float) -> float:
+        return bottom - (bottom - top) * (value - lo) / (hi - lo)
+
+    svg = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="Allocated bytes per step">'
+    ]
+    for value, label in ticks:
+        py = y(value)
+        svg.append(
+            f'<line x1="{left}" y1="{py:.1f}" x2="{right}" y2="{py:.1f}" stroke="#eaeef2"/>'
+            f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end">{_e(label)}</text>'
+        )
+    for step in _int_ticks(1, steps):
+        px = x(step)
+        svg.append(
+            f'<line x1="{px:.1f}" y1="{bottom}" x2="{px:.1f}" y2="{bottom + 4}" stroke="#8c959f"/>'
+            f'<text x="{px:.1f}" y="{bottom + 16}" text-anchor="middle">{step}</text>'
+        )
+    svg.append(
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#8c959f"/>'
+        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#8c959f"/>'
+        f'<text x="{(left + right) / 2:.1f}" y="{height - 4}" text-anchor="middle">step</text>'
+        f'<text transform="translate(12 {(top + bottom) / 2:.1f}) rotate(-90)" '
+        'text-anchor="middle">allocated</text>'
+    )
+    if offset:
+        svg.append(
+            f'<text x="{left - 6}" y="14">growth above {_e(format_size(offset))} '
+            f"({offset:,} bytes)</text>"
+        )
+    points = _downsample(series)
+    path = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in points)
+    svg.append(
+        f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2" '
+        'stroke-linejoin="round"/>'
+    )
+    if len(points) <= 60:
+        svg.extend(
+            f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.5" fill="{colour}">'
+            f"<title>step {s}: {_e(format_size(v))} ({v:,} bytes)</title></circle>"
+            for s, v in points
+        )
+    svg.append("</svg>")
+    return "".join(svg)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def _table_section(tests: list[Mapping[str, Any]]) -> str:
+    if not tests:
+        return ""
+    rows = []
+    for test in tests:
+        status = str(test.get("status") or "")
+        colour = _STATUS_COLOURS.get(status, "#7f9c8c")
+        peak = _int(test.get("peak_allocated"))
+        baseline = _baseline_peak(test)
+        leftover = _int(test.get("leftover"))
+        change = _int(test.get("change"))
+        change_text = ""
+        if change is not None:
+            change_text = format_delta(change)
+            percent = test.get("change_percent")
+            if isinstance(percent, (int, float)) and not isinstance(percent, bool):
+                change_text += f" ({percent:+.1f}%)"
+        messages = "\n".join(str(m) for m in test.get("messages") or [])
+        css = ' class="failing"' if status in _FAILING else ""
+        rows.append(
+            f"<tr{css}>"
+            f'<td class="test">{_e(test.get("nodeid") or "")}</td>'
+            f"<td>{_e(test.get('backend') or '')}</td>"
+            f"<td>{_e(test.get('device') or '')}</td>"
+            f'<td class="num">{_e(format_size(peak)) if peak is not None else "—"}</td>'
+            f'<td class="num">{_e(format_size(baseline)) if baseline is not None else "—"}</td>'
+            f'<td class="num">{_e(change_text) or "—"}</td>'
+            f'<td class="num">{_e(format_size(leftover)) if leftover is not None else "—"}</td>'
+            f'<td><span class="badge" style="background:{colour}">{_e(status)}</span></td>'
+            f'<td class="msg">{_e(messages)}</td>'
+            "</tr>"
+        )
+    return (
+        "<h2>All tests</h2>\n<table><thead><tr><th>Test</th><th>Backend</th><th>Device</th>"
+        '<th class="num">Peak</th><th class="num">Baseline</th><th class="num">Change</th>'
+        '<th class="num">Leftover</th><th>Status</th><th>Messages</th></tr></thead><tbody>\n'
+        + "\n".join(rows)
+        + "\n</tbody></table>\n"
+    )

@@ -1,0 +1,243 @@
+"""The Markdown report: a table for a CI job summary such as GitHub's ``$GITHUB_STEP_SUMMARY``.
+
+Rendered from the JSON document (see :mod:`pytest_vram.report`): failures first, then the
+largest peaks, so the lines a reviewer needs are at the top even when the table is cut short.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pytest_vram.records import STATUS_ORDER
+from pytest_vram.units import format_delta, format_size
+
+__all__ = [
+    "FAILING_STATUSES",
+    "MAX_BYTES",
+    "STEP_SUMMARY_LIMIT",
+    "append_step_summary",
+    "render_markdown",
+    "status_counts",
+]
+
+#: The memory verdicts that fail a test.
+FAILING_STATUSES = frozenset({"oom", "over-budget", "leak", "regression", "failed"})
+#: GitHub rejects a job summary over 1 MiB; half of it leaves room for other steps' output.
+MAX_BYTES = 512 * 1024
+STEP_SUMMARY_LIMIT = 1024 * 1024
+
+_HEADER = "| Test | Backend | Peak | Baseline | Change | Status |\n|---|---|---:|---:|---:|---|\n"
+_RANK = {status: index for index, status in enumerate(STATUS_ORDER)}
+# Totals written as plural counts rank with their status.
+_ALIASES = {"regressions": "regression"}
+# A message shown under the table is cut here: the JSON and HTML reports hold the full text.
+_MESSAGE_CHARS = 2000
+
+
+def render_markdown(
+    document: Mapping[str, Any], limit: int = 50, *, max_bytes: int = MAX_BYTES
+) -> str:
+    """The job-summary Markdown for a report document.
+
+    Every failing test is listed (in ``STATUS_ORDER``), then the other tests by peak, largest
+    first, until ``limit`` rows; a closing line says how many were left out. The result never
+    exceeds ``max_bytes`` of UTF-8.
+    """
+    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
+    failing = sorted(
+        (t for t in tests if t.get("status") in FAILING_STATUSES),
+        key=lambda t: (_RANK.get(t.get("status"), len(_RANK)), -_int(t.get("peak_allocated"))),
+    )
+    others = sorted(
+        (t for t in tests if t.get("status") not in FAILING_STATUSES),
+        key=lambda t: -_int(t.get("peak_allocated")),
+    )
+    rows = failing + others[: max(0, limit - len(failing))]
+
+    head = "## GPU memory (pytest-vram)\n\n" + _totals_line(document) + "\n"
+    environments = _environment_lines(document.get("environments") or {})
+    if environments:
+        head += "\n" + environments
+    if not tests:
+        return _fit(head + "\nNo test was measured.\n", max_bytes)
+    head += "\n" + _HEADER
+
+    # Reserve room for the closing line, so a cut table still says what it left out.
+    budget = max_bytes - len(head.encode()) - 400
+    body: list[str] = []
+    used = 0
+    for test in rows:
+        line = _row(test)
+        size = len(line.encode())
+        if used + size > budget:
+            break
+        body.append(line)
+        used += size
+    shown = len(body)
+    text = head + "".join(body)
+
+    left_out = len(tests) - shown
+    if left_out:
+        failing_left = max(0, len(failing) - shown)
+        note = f"{left_out} more test{'s' if left_out != 1 else ''} not shown"
+        if failing_left:
+            note += f", {failing_left} of them failing"
+        if shown < len(rows):
+            note += f" (the summary is capped at {format_size(max_bytes)})"
+        text += f"\n_{note}; the JSON and HTML reports list every test._\n"
+
+    details = _messages_block(failing[:shown], max_bytes - len(text.encode()))
+    return _fit(text + details, max_bytes)
+
+
+def append_step_summary(text: str, path: str | os.PathLike[str]) -> None:
+    """Append ``text`` to a job-summary file such as ``$GITHUB_STEP_SUMMARY``; never overwrite.
+
+    When the file would pass GitHub's 1 MiB limit, a one-line note is appended instead, so the
+    summary other steps wrote stays readable.
+    """
+    try:
+        existing = os.path.getsize(path)
+    except OSError:
+        existing = 0
+    if not text.endswith("\n"):
+        text += "\n"
+    if existing + len(text.encode()) + 1 > STEP_SUMMARY_LIMIT:
+        text = (
+            "_pytest-vram: the memory table was left out: "
+            "the job summary is near its 1 MiB limit._\n"
+        )
+    with open(path, "a", encoding="utf-8") as stream:
+        # Start on a line of its own: the heading must not run into what an earlier step wrote.
+        if existing:
+            stream.write("\n")
+        stream.write(text)
+
+
+def status_counts(document: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+    """The measured count and the non-zero count of each status, worst first.
+
+    Read from the document's ``totals`` (keyed by status, plus ``measured``); counted from its
+    tests when it has none.
+    """
+    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
+    totals = document.get("totals")
+    if not isinstance(totals, Mapping):
+        totals = {"measured": len(tests)}
+        for test in tests:
+            status = str(test.get("status") or "")
+            totals[status] = totals.get(status, 0) + 1
+    measured = totals.get("measured")
+    measured = _int(measured) if measured is not None else len(tests)
+    counts = {
+        str(key): _int(value)
+        for key, value in totals.items()
+        if key != "measured" and key and _int(value)
+    }
+    ordered = sorted(counts, key=lambda key: _RANK.get(_ALIASES.get(key, key), len(_RANK)))
+    return measured, {key: counts[key] for key in ordered}
+
+
+def _totals_line(document: Mapping[str, Any]) -> str:
+    measured, counts = status_counts(document)
+    line = f"**{measured}** test{'s' if measured != 1 else ''} measured"
+    if counts:
+        line += ": " + ", ".join(f"{count} {_text(status)}" for status, count in counts.items())
+    return line + "."
+
+
+def _environment_lines(environments: Mapping[str, Any]) -> str:
+    lines = []
+    for name, env in environments.items():
+        if not isinstance(env, Mapping):
+            continue
+        facts = [str(env.get("device") or name)]
+        for key, label in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
+            if env.get(key):
+                facts.append(f"{label} {env[key]}")
+        if isinstance(env.get("total_memory"), int):
+            facts.append(f"{format_size(env['total_memory'])} total")
+        lines.append(f"- {_text(str(env.get('backend') or name))}: {_text(', '.join(facts))}\n")
+    return "".join(lines)
+
+
+def _row(test: Mapping[str, Any]) -> str:
+    status = str(test.get("status") or "")
+    shown_status = f"**{_text(status)}**" if status in FAILING_STATUSES else _text(status)
+    baseline = test.get("baseline") or {}
+    baseline_peak = baseline.get("peak_allocated") if isinstance(baseline, Mapping) else None
+    cells = [
+        _code(str(test.get("nodeid") or "")),
+        _text(str(test.get("backend") or "")),
+        format_size(_int(test.get("peak_allocated"))),
+        format_size(baseline_peak) if isinstance(baseline_peak, int) else "—",
+        _change(test.get("change"), test.get("change_percent")),
+        shown_status,
+    ]
+    return "| " + " | ".join(cells) + " |\n"
+
+
+def _change(change: object, percent: object) -> str:
+    if not isinstance(change, int) or isinstance(change, bool):
+        return "—"
+    text = format_delta(change)
+    if isinstance(percent, (int, float)) and not isinstance(percent, bool):
+        text += f" ({percent:+.1f}%)"
+    return text
+
+
+def _messages_block(tests: Iterable[Mapping[str, Any]], room: int) -> str:
+    lines = []
+    for test in tests:
+        for message in test.get("messages") or []:
+            message = " ".join(str(message).split())
+            if len(message) > _MESSAGE_CHARS:
+                message = message[:_MESSAGE_CHARS] + "…"
+            lines.append(f"{test.get('nodeid')}: {message}")
+    if not lines:
+        return ""
+    body = "\n".join(lines)
+    fence = "`" * max(3, _longest_backtick_run(body) + 1)
+    block = (
+        "\n<details><summary>Failure messages</summary>\n\n"
+        f"{fence}text\n{body}\n{fence}\n\n</details>\n"
+    )
+    return block if len(block.encode()) <= room else ""
+
+
+def _code(text: str) -> str:
+    """``text`` as an inline code span that survives a table cell."""
+    text = " ".join(text.split())
+    ticks = "`" * (_longest_backtick_run(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    # GFM splits table cells on pipes before it parses code spans, even inside them.
+    return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
+
+
+# Inside a line only these start markup; ``#``, ``-``, ``>`` and the like matter at line starts.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def _text(text: str) -> str:
+    """Plain text in a Markdown cell: no markup, no HTML."""
+    text = " ".join(text.split())
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _fit(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode(errors="ignore")
