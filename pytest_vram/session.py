@@ -367,8 +367,11 @@ class VramSession:
             else:
                 writer.prune(self.stale_entries())
         self.notes += writer.save()
-        document = build_document(self.records, self.environments)
-        self.notes += write_outputs(document, self.settings, os.environ.get("GITHUB_STEP_SUMMARY"))
+        self.notes += write_outputs(
+            lambda: build_document(self.records, self.environments),
+            self.settings,
+            os.environ.get("GITHUB_STEP_SUMMARY"),
+        )
         self.notes += self.snapshots.notes()
 
     def _add_suite_properties(self) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_vram.baselines import BaselineStore
 from pytest_vram.records import TestRecord
+
+if TYPE_CHECKING:
+    from pytest_vram.options import Settings
 
 __all__ = ["BaselineWriter", "write_outputs"]
 
@@ -61,14 +65,22 @@ class BaselineWriter:
         self._changed[device] = (before[0] + updated, before[1] + removed)
 
 
-def write_outputs(document: dict[str, Any], settings: Any, step_summary: str | None) -> list[str]:
-    """The JSON, Markdown and HTML files the options ask for; lines for the terminal."""
-    lines = []
+def write_outputs(
+    make_document: Callable[[], dict[str, Any]], settings: Settings, step_summary: str | None
+) -> list[str]:
+    """The JSON, Markdown and HTML files the options ask for; lines for the terminal.
+
+    The document is built only when some output wants it.
+    """
+    lines: list[str] = []
+    wants_markdown = settings.markdown_path is not None or (settings.report and step_summary)
+    if not (settings.json_path or wants_markdown or settings.html_path):
+        return lines
+    document = make_document()
     if settings.json_path is not None:
         _write(settings.json_path, json.dumps(document, indent=2, sort_keys=False) + "\n")
         lines.append(f"wrote {settings.json_path}")
-    wants_markdown = settings.markdown_path is not None or settings.report
-    if wants_markdown and (settings.markdown_path is not None or step_summary):
+    if wants_markdown:
         from pytest_vram.markdown import append_step_summary, render_markdown
 
         markdown = render_markdown(document)

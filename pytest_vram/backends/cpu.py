@@ -13,7 +13,7 @@ __all__ = ["CpuBackend"]
 
 
 def _is_cpu(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu"
+    return tensor.is_cpu  # a C attribute: Tensor.device builds a new object on every read
 
 
 class CpuBackend(Backend):
