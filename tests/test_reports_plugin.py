@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -66,3 +67,33 @@ def test_github_step_summary_is_appended(
     summary.write_text("untouched\n")
     pytester.runpytest(CPU)
     assert summary.read_text() == "untouched\n"
+
+
+def test_snapshot_on_fail_says_it_needs_cuda(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_fails(vram):\n    assert False\n")
+    result = pytester.runpytest(CPU, "--vram-snapshot-on-fail=snaps")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-vram: --vram-snapshot-on-fail: allocator snapshots exist only on the cuda "
+            "backend; none were recorded for tests measured on cpu"
+        ]
+    )
+    assert not (pytester.path / "snaps").exists()
+
+
+@pytest.mark.slow
+def test_junit_properties_under_xdist(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mem=TESTS)
+    result = pytester.runpytest_subprocess(CPU, "-n", "2", "-p", "xdist", "--junitxml=out.xml")
+    result.assert_outcomes(passed=2, failed=1)
+
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    cases = {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in root.iter("testcase")
+    }
+    assert cases["test_small"]["vram_peak_allocated"] == "4096"
+    assert cases["test_over"]["vram_status"] == "over-budget"
+    suite = {p.get("name"): p.get("value") for p in root.find("testsuite/properties")}
+    assert suite["vram_env_backend"] == "cpu"
