@@ -86,6 +86,8 @@ class BaselineFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
+            # mkstemp makes the file private; keep the old file's mode, or the umask's default.
+            os.chmod(tmp, _mode_for(self.path))
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(self.dump())
                 handle.flush()
@@ -102,7 +104,7 @@ class BaselineFile:
         except (OSError, UnicodeDecodeError) as exc:
             raise BaselineFileError(f"{path}: cannot read the baseline file: {exc}") from None
         try:
-            data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
+            data = yaml.load(text, Loader=_SafeLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
             where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -144,9 +146,20 @@ class BaselineFile:
         return cls(path, str(data.get("device") or path.stem), environment, entries)
 
 
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def _line_of(text: str, key: str) -> int | None:
+    """The line where ``key`` is a mapping key, plain or quoted."""
+    starts = (f"{key}:", f"'{key}':", f'"{key}":')
     for number, line in enumerate(text.splitlines(), start=1):
-        if key in line:
+        if line.strip().startswith(starts):
             return number
     return None
 

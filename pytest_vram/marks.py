@@ -40,6 +40,8 @@ BACKEND_NAMES = ("auto", "cuda", "cpu", "sim")
 
 def max_vram(limit: int | str, *, metric: str = "allocated") -> pytest.MarkDecorator:
     """Fail the test when its peak ``metric`` exceeds ``limit``."""
+    if metric == "allocated":  # the same mark as @pytest.mark.max_vram(limit)
+        return pytest.mark.max_vram(limit)
     return pytest.mark.max_vram(limit, metric=metric)
 
 
@@ -115,7 +117,10 @@ def _bind(name: str, mark: pytest.Mark) -> inspect.BoundArguments:
             parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
             return_annotation=signature.empty,
         )
-        raise MarkerError(f"{name}{plain}: {exc}") from None
+        given = ", ".join(
+            [repr(arg) for arg in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
+        )
+        raise MarkerError(f"{name}{plain}: {exc}; got {name}({given})") from None
     bound.apply_defaults()
     return bound
 
@@ -131,7 +136,10 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
     for mark in marks:
         if mark.name not in MARKERS:
             continue
+        # Every marker is checked, also one that a closer marker of its name overrides.
         args = _bind(mark.name, mark).arguments
+        closest = mark.name not in seen
+        seen.add(mark.name)
         if mark.name == "max_vram":
             metric = args["metric"]
             if metric not in METRICS:
@@ -139,24 +147,23 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
                     f"max_vram: invalid metric {metric!r}: expected one of {', '.join(METRICS)}"
                 )
             budgets.append(Budget(_size(mark.name, args["limit"]), metric, args["limit"]))
-        elif mark.name in seen:
-            continue  # the closest marker wins, as with pytest's own markers
         elif mark.name == "vram_tolerance":
             try:
-                tolerance = parse_tolerance(args["tolerance"])
+                parsed = parse_tolerance(args["tolerance"])
             except SizeError as exc:
                 raise MarkerError(f"vram_tolerance: {exc}") from None
+            tolerance = parsed if closest else tolerance
         elif mark.name == "vram_backend":
             if args["name"] not in BACKEND_NAMES:
                 raise MarkerError(
                     f"vram_backend: unknown backend {args['name']!r}: "
                     f"expected one of {', '.join(BACKEND_NAMES)}"
                 )
-            backend = args["name"]
+            backend = args["name"] if closest else backend
         elif mark.name == "requires_vram":
-            required = _size(mark.name, args["size"])
-            required_typed = args["size"]
-        seen.add(mark.name)
+            size = _size(mark.name, args["size"])
+            if closest:
+                required, required_typed = size, args["size"]
     return VramMarks(tuple(budgets), tolerance, backend, required, required_typed)
 
 

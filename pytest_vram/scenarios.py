@@ -127,18 +127,19 @@ def single_step(probe: Probe, fn: Callable[[], Any]) -> SingleStepResult:
     return SingleStepResult(peak=probe.peak(), before=before, after=probe.allocated(), value=value)
 
 
-def sustained_growth_per_step(series: list[int]) -> float:
-    """Growth per step that every third of ``series`` shows: a one-off allocation lands in one
-    third only and is ignored, while a leak, steady or periodic, shows in all of them."""
+def sustained_growth_per_step(series: list[int], segments: int = 5) -> float:
+    """Growth per step that recurs: the second-fastest growth among ``segments`` equal parts
+    of ``series``. A one-off allocation lands in one part and is ignored; a leak, steady,
+    periodic or starting late, grows in at least two parts."""
     steps = len(series) - 1
-    if steps < 3:
-        return (series[-1] - series[0]) / steps if steps > 0 else 0.0
-    bounds = [0, steps // 3, 2 * steps // 3, steps]
-    rates = [
-        (series[end] - series[start]) / (end - start)
-        for start, end in itertools.pairwise(bounds)
-    ]
-    return max(0.0, min(rates))
+    if steps < 2:
+        return float(max(0, series[-1] - series[0])) if steps == 1 else 0.0
+    count = min(segments, steps)
+    bounds = [round(i * steps / count) for i in range(count + 1)]
+    rates = sorted(
+        (series[end] - series[start]) / (end - start) for start, end in itertools.pairwise(bounds)
+    )
+    return max(0.0, rates[-2])
 
 
 def leak_check(

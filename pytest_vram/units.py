@@ -54,7 +54,9 @@ def parse_size(value: object) -> int:
         raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
     if isinstance(value, int):
         if value < 0:
-            raise SizeError(f"invalid size {value!r}: sizes cannot be negative")
+            raise SizeError(
+                f"invalid size {value!r}: sizes cannot be negative; expected {ACCEPTED_SIZE_FORMS}"
+            )
         return value
     if not isinstance(value, str):
         raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")

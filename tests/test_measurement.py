@@ -1,0 +1,233 @@
+"""A test's figures read across setup, call and teardown, on the cpu backend."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import pytest_vram.measurement as measurement_module
+from pytest_vram.backends.cpu import CpuBackend
+from pytest_vram.measurement import TestMeasurement
+from pytest_vram.scenarios import single_step
+
+KiB = 1024
+
+
+def floats(nbytes: int) -> torch.Tensor:
+    """A float32 tensor of exactly ``nbytes`` bytes."""
+    return torch.ones(nbytes // 4)
+
+
+class Cycle:
+    def __init__(self, value: Any) -> None:
+        self.me = self
+        self.value = value
+
+
+@pytest.fixture
+def backend() -> Iterator[CpuBackend]:
+    backend = CpuBackend()
+    try:
+        yield backend
+    finally:
+        backend.end_test()  # whatever a failing test left open
+
+
+@pytest.fixture
+def gc_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the full collections the measurement makes (they cost tens of milliseconds)."""
+    calls: list[int] = []
+
+    def collect(*args: Any) -> int:
+        calls.append(1)
+        return gc.collect(*args)
+
+    monkeypatch.setattr(measurement_module, "gc", SimpleNamespace(collect=collect))
+    return calls
+
+
+@pytest.fixture
+def no_automatic_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_record_names_the_test_and_backend(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "tests/test_a.py::test_b[1]")
+    assert m.record.nodeid == "tests/test_a.py::test_b[1]"
+    assert m.record.backend == "cpu"
+    assert m.record.device == "cpu"
+
+
+def test_lifecycle_figures(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    fixture = floats(2 * KiB)  # setup: a fixture's tensor
+    scratch = floats(8 * KiB)  # setup: a temporary
+    del scratch
+    result = floats(4 * KiB)  # call
+    temporary = floats(1 * KiB)
+    del temporary
+    m.finish_call()
+    teardown_spike = floats(64 * KiB)  # teardown does not count towards the peak
+    del teardown_spike, fixture
+    m.end()
+
+    record = m.record
+    assert record.start_allocated == 0
+    assert record.peak_allocated == 10 * KiB  # fixture + setup temporary
+    assert record.peak_increment == 10 * KiB
+    assert record.end_allocated == 4 * KiB  # `result` is still alive
+    assert record.leftover == 4 * KiB
+    assert record.counters == {}
+    assert record.peak_reserved is None
+    assert record.peak_device is None
+    del result
+
+
+def test_peak_of_the_call_when_it_is_the_largest(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    fixture = floats(2 * KiB)
+    big = floats(16 * KiB)
+    del big
+    m.finish_call()
+    del fixture
+    m.end()
+    assert m.record.peak_allocated == 18 * KiB
+    assert m.record.end_allocated == 0
+    assert m.record.leftover == 0
+
+
+def test_start_includes_what_earlier_tests_left_alive(backend: CpuBackend) -> None:
+    first = TestMeasurement(backend, "t.py::test_first")
+    first.begin()
+    module_fixture = floats(3 * KiB)
+    first.end()
+    assert first.record.end_allocated == 3 * KiB
+
+    second = TestMeasurement(backend, "t.py::test_second")
+    second.begin()
+    spike = floats(1 * KiB)
+    del spike
+    second.end()
+    assert second.record.start_allocated == 3 * KiB
+    assert second.record.peak_allocated == 4 * KiB  # absolute: includes the fixture
+    assert second.record.peak_increment == 1 * KiB
+    assert second.record.end_allocated == 3 * KiB
+    assert second.record.leftover == 0
+    del module_fixture
+
+
+def test_end_without_finish_call_freezes_the_peak(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    spike = floats(4 * KiB)
+    del spike
+    m.end()
+    assert m.record.peak_allocated == 4 * KiB
+    assert m.record.end_allocated == 0
+
+
+def test_nothing_is_counted_after_end(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    m.end()
+    after = floats(4 * KiB)
+    assert backend.allocated() == 0
+    del after
+
+
+def test_nested_windows_keep_their_own_peaks(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    held = floats(1 * KiB)
+    outer = m.open_window()
+    spike = floats(8 * KiB)
+    del spike
+    inner = m.open_window()  # resets the backend's peak
+    assert m.peak() == 1 * KiB
+    small = floats(2 * KiB)
+    del small
+    m.close_window(inner)
+    m.close_window(outer)
+    del held
+    m.end()
+
+    assert inner.allocated == 3 * KiB
+    assert outer.allocated == 9 * KiB
+    assert m.record.peak_allocated == 9 * KiB
+
+
+def test_single_step_inside_a_test_does_not_lose_the_test_peak(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    spike = floats(32 * KiB)
+    del spike
+    step = single_step(m, lambda: floats(4 * KiB).sum().item())
+    m.end()
+
+    assert step.peak == 4 * KiB + 4  # the step's own peak: the tensor and its sum
+    assert m.record.peak_allocated == 32 * KiB  # the test's peak survives the step's reset
+
+
+def test_reset_peak_folds_into_every_open_window(backend: CpuBackend) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    outer = m.open_window()
+    spike = floats(8 * KiB)
+    del spike
+    m.reset_peak()
+    m.reset_peak()
+    assert m.peak() == 0
+    m.close_window(outer)
+    assert outer.allocated == 8 * KiB
+    m.end()
+
+
+def test_no_collection_when_nothing_is_left(backend: CpuBackend, gc_calls: list[int]) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    temporary = floats(4 * KiB)
+    del temporary
+    m.end()
+    assert gc_calls == []
+    assert m.record.end_allocated == 0
+
+
+def test_collection_frees_a_reference_cycle_left_by_the_test(
+    backend: CpuBackend, gc_calls: list[int], no_automatic_gc: None
+) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    Cycle(floats(4 * KiB))  # garbage only the cycle collector frees
+    assert backend.allocated() == 4 * KiB
+    m.end()
+    assert gc_calls == [1]
+    assert m.record.end_allocated == 0
+    assert m.record.leftover == 0
+    assert m.record.peak_allocated == 4 * KiB
+
+
+def test_a_real_leftover_survives_collection(
+    backend: CpuBackend, gc_calls: list[int], no_automatic_gc: None
+) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    kept = floats(1 * KiB)
+    Cycle(floats(4 * KiB))
+    m.end()
+    assert gc_calls == [1]
+    assert m.record.end_allocated == 1 * KiB
+    assert m.record.leftover == 1 * KiB
+    del kept

@@ -1,0 +1,234 @@
+"""Sizes and tolerances: the forms users type, and how messages print them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_vram.units import (
+    ACCEPTED_SIZE_FORMS,
+    SizeError,
+    Tolerance,
+    describe_size,
+    format_delta,
+    format_size,
+    parse_size,
+    parse_tolerance,
+)
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("72GB", 72_000_000_000),
+        ("72GiB", 77_309_411_328),
+        ("72gb", 72_000_000_000),
+        ("72gib", 77_309_411_328),
+        ("72 GB", 72_000_000_000),
+        ("72 GiB", 77_309_411_328),
+        ("1.5GiB", 1_610_612_736),
+        ("1.5 GiB", 1_610_612_736),
+        ("512", 512),
+        (512, 512),
+        (0, 0),
+        ("0", 0),
+        ("0.5KiB", 512),
+        ("1 kB", 1000),
+        ("1KB", 1000),
+        ("1kb", 1000),
+        ("3MB", 3_000_000),
+        ("3MiB", 3 * MiB),
+        ("2TB", 2_000_000_000_000),
+        ("2TiB", 2 * 1024**4),
+        ("64B", 64),
+        ("64 b", 64),
+    ],
+)
+def test_parse_size_accepted_forms(value: object, expected: int) -> None:
+    assert parse_size(value) == expected
+
+
+def test_parse_size_returns_an_int() -> None:
+    assert type(parse_size("1.5GiB")) is int
+    assert type(parse_size("72GB")) is int
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "72GBs",
+        "-1GB",
+        "GB",
+        "1e3",
+        None,
+        True,
+        False,
+        1.5,
+        "",
+        "1  GB",
+        "1,5GB",
+        "1.5.2GB",
+        "72 G B",
+        "1PB",
+        [72],
+    ],
+)
+def test_parse_size_rejects_with_value_and_accepted_forms(value: object) -> None:
+    with pytest.raises(SizeError) as info:
+        parse_size(value)
+    message = str(info.value)
+    assert repr(value) in message
+    assert ACCEPTED_SIZE_FORMS in message
+
+
+def test_parse_size_rejects_negative_int_with_accepted_forms() -> None:
+    with pytest.raises(SizeError) as info:
+        parse_size(-1)
+    assert "-1" in str(info.value)
+    assert ACCEPTED_SIZE_FORMS in str(info.value)
+
+
+def test_parse_size_negative_int_is_an_error_naming_the_value() -> None:
+    with pytest.raises(SizeError, match="-1"):
+        parse_size(-1)
+
+
+def test_size_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "expected"),
+    [
+        (0, "0 B"),
+        (1, "1 B"),
+        (512, "512 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (1536, "1.50 KiB"),
+        (MiB, "1.00 MiB"),
+        (3 * GiB // 2, "1.50 GiB"),
+        (77_309_411_328, "72.00 GiB"),
+        (72_000_000_000, "67.06 GiB"),
+        (2 * 1024**4, "2.00 TiB"),
+        (-512, "-512 B"),
+        (-(3 * GiB // 2), "-1.50 GiB"),
+        (-1024, "-1.00 KiB"),
+    ],
+)
+def test_format_size(nbytes: int, expected: str) -> None:
+    assert format_size(nbytes) == expected
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "expected"),
+    [
+        (0, "+0 B"),
+        (512, "+512 B"),
+        (-512, "-512 B"),
+        (3 * GiB // 2, "+1.50 GiB"),
+        (-(3 * GiB // 2), "-1.50 GiB"),
+    ],
+)
+def test_format_delta(nbytes: int, expected: str) -> None:
+    assert format_delta(nbytes) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("72GB", "67.06 GiB (72GB)"),
+        ("72 GB", "67.06 GiB (72 GB)"),
+        ("72gb", "67.06 GiB (72gb)"),
+        ("1 kB", "1000 B (1 kB)"),
+        ("72GiB", "72.00 GiB"),
+        ("1.5GiB", "1.50 GiB"),
+        (512, "512 B"),
+        ("512", "512 B"),
+        (3 * GiB // 2, "1.50 GiB"),
+    ],
+)
+def test_describe_size_shows_si_values_as_typed(value: object, expected: str) -> None:
+    assert describe_size(value) == expected
+
+
+def test_describe_size_rejects_bad_sizes() -> None:
+    with pytest.raises(SizeError, match="72GBs"):
+        describe_size("72GBs")
+
+
+@pytest.mark.parametrize(
+    ("value", "percent"),
+    [("5%", 5.0), ("0.5%", 0.5), ("5 %", 5.0), ("100%", 100.0), ("0%", 0.0)],
+)
+def test_parse_tolerance_percent(value: str, percent: float) -> None:
+    tolerance = parse_tolerance(value)
+    assert tolerance.percent == percent
+    assert tolerance.nbytes is None
+
+
+@pytest.mark.parametrize(
+    ("value", "nbytes"),
+    [("64MiB", 64 * MiB), ("1GB", 1_000_000_000), ("0B", 0), (0, 0), (4096, 4096), ("512", 512)],
+)
+def test_parse_tolerance_size(value: object, nbytes: int) -> None:
+    tolerance = parse_tolerance(value)
+    assert tolerance.nbytes == nbytes
+    assert tolerance.percent is None
+
+
+def test_parse_tolerance_passes_a_tolerance_through() -> None:
+    tolerance = Tolerance(percent=3.0)
+    assert parse_tolerance(tolerance) is tolerance
+
+
+@pytest.mark.parametrize(
+    "value", ["5%%", "-5%", "%", "five percent", "72GBs", "-1GB", None, True, 1.5, ""]
+)
+def test_parse_tolerance_rejects_bad_values(value: object) -> None:
+    with pytest.raises(SizeError) as info:
+        parse_tolerance(value)
+    message = str(info.value)
+    assert "tolerance" in message
+    assert repr(value) in message
+    assert "%" in message
+    assert ACCEPTED_SIZE_FORMS in message
+
+
+def test_tolerance_text_is_what_was_typed() -> None:
+    assert str(parse_tolerance("5%")) == "5%"
+    assert str(parse_tolerance("64MiB")) == "64MiB"
+    assert str(parse_tolerance(2048)) == "2.00 KiB"
+
+
+def test_tolerance_text_without_typed_text() -> None:
+    assert str(Tolerance(percent=2.5)) == "2.5%"
+    assert str(Tolerance(nbytes=MiB)) == "1.00 MiB"
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "reference", "allowance"),
+    [
+        ("5%", 1000, 50),
+        ("5%", 0, 0),
+        ("10%", 1_000_000_000, 100_000_000),
+        ("0.5%", 2000, 10),
+        ("0%", 10**9, 0),
+        ("64MiB", 0, 64 * MiB),
+        ("64MiB", 10 * GiB, 64 * MiB),
+        ("0B", 10**9, 0),
+        (0, 10**9, 0),
+    ],
+)
+def test_tolerance_allowance(tolerance: str | int, reference: int, allowance: int) -> None:
+    assert parse_tolerance(tolerance).allowance(reference) == allowance
+
+
+def test_tolerance_allowance_is_whole_bytes() -> None:
+    allowance = parse_tolerance("5%").allowance(1001)
+    assert type(allowance) is int
+    assert allowance == 50
