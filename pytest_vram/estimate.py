@@ -1180,7 +1180,9 @@ def _stage_bytes(
             activations += 2 * layer_input  # inputs of the final norm and of the output layer
             # The output layer's logits, their fp32 copy for the loss and the fp32 log-softmax
             # the cross-entropy keeps for backward.
-            logits = (e + 8) * tok * _cdiv(model.vocab, o.tp)
+            # 16-bit logits get an fp32 copy for the loss; fp32 logits are used as they are.
+            fp32_copy = 4 if e < 4 else 0
+            logits = (e + fp32_copy + 4) * tok * _cdiv(model.vocab, o.tp)
     elif layers or last:
         if layers:
             activations = max(
