@@ -202,12 +202,6 @@ def test_tensors_created_while_no_test_runs_are_not_counted() -> None:
         backend.end_test()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the tracker registers any storage it has not seen when an op returns it, so an "
-    "in-place op, a view or an out= into a tensor made before the test counts that tensor "
-    "as allocated by the test",
-)
 @pytest.mark.parametrize(
     "op",
     [

@@ -28,7 +28,8 @@ class CpuBackend(Backend):
     device = torch.device("cpu")
 
     def __init__(self) -> None:
-        self.tracker = StorageTracker(counts=_is_cpu)
+        # A view of, or an in-place op on, a tensor made before tracking allocates nothing.
+        self.tracker = StorageTracker(counts=_is_cpu, count_unseen_aliases=False)
         self._active = False
 
     def total_memory(self) -> int | None:

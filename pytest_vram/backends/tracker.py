@@ -1,24 +1,29 @@
 """Count the bytes of live tensor storages, exactly, by watching every dispatched op.
 
-The cpu and sim backends share this: a ``TorchDispatchMode`` sees each op's outputs, registers
-each storage it has not seen (views share one storage, so they count once), re-reads the size of
-storages it knows (``resize_``, ``set_`` and ``out=`` ops return the tensor they changed) and a
-weak-reference finalizer subtracts a storage when it dies.
+The cpu and sim backends share this: a ``TorchDispatchMode`` (``StorageTracker.mode``, or the
+sim backend's FakeTensorMode, which calls ``observe_output`` itself) hands over each op's outputs;
+the tracker registers each storage it has not seen (views share one storage, so they count once),
+re-reads the size of storages it knows (``resize_``, ``set_`` and ``out=`` ops return the tensor
+they changed), and a small record kept in the storage's own ``__dict__`` gives the bytes back
+when the storage dies.
+
+PyTorch keeps a storage's Python object (and so the record) alive exactly as long as the storage,
+so a freed storage is noticed the moment its last tensor goes, on whichever thread that happens.
+The record only queues the release; the tracker applies queued releases before it counts the next
+allocation or answers a query, so that the counts are only ever changed by one thread at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_iter
-from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["StorageTracker", "round_like_cuda_allocator"]
+__all__ = ["Allocator", "StorageTracker", "round_like_cuda_allocator"]
 
 
 def round_like_cuda_allocator(nbytes: int) -> int:
@@ -28,12 +33,70 @@ def round_like_cuda_allocator(nbytes: int) -> int:
     return (nbytes + 511) // 512 * 512
 
 
+class Allocator(Protocol):
+    """Sees every allocation and free the tracker counts (the simulated device's segments).
+
+    ``malloc`` may raise (out of memory) before the storage is counted; what it returns is
+    handed back to ``free`` when the storage dies or is resized.
+    """
+
+    def malloc(self, nbytes: int) -> Any: ...
+
+    def free(self, handle: Any) -> None: ...
+
+
+class _Record:
+    """Lives in a storage's ``__dict__``; queues the storage's bytes for release when it dies."""
+
+    __slots__ = ("handle", "released", "size")
+
+    def __init__(self, size: int, handle: Any, released: list[tuple[int, Any]]) -> None:
+        self.size = size
+        self.handle = handle
+        self.released = released
+
+    def __del__(self) -> None:
+        # list.append is atomic, so this is safe on any thread and in the middle of a count.
+        self.released.append((self.size, self.handle))
+
+
+# Marks storages that exist but are not the measured device's memory (see ``ignore``).
+_IGNORED = object()
+# lift_fresh aliases its input by its schema, but it is how torch.tensor(data) makes a tensor.
+_LIFTS = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
+_ALIASING: dict[Any, bool] = {}
+
+
+def _returns_alias(func: Any) -> bool:
+    """Whether an output of the op aliases an input: a view, in-place or ``out=`` op."""
+    try:
+        return _ALIASING[func]
+    except (KeyError, TypeError):
+        pass
+    schema = getattr(func, "_schema", None)
+    aliases = (
+        schema is not None
+        and func not in _LIFTS
+        and any(ret.alias_info is not None for ret in schema.returns)
+    )
+    with contextlib.suppress(TypeError):  # unhashable callables are simply not remembered
+        _ALIASING[func] = aliases
+    return aliases
+
+
 class StorageTracker:
     """Live storage bytes, their peak, and a hook on every allocation.
 
     ``counts(tensor)`` decides which storages belong to the measured device, ``size_of(nbytes)``
-    maps a storage's bytes to what the device would hand out, and ``on_allocate(nbytes)`` runs
-    before a new storage is counted (the simulated device raises out-of-memory there).
+    maps a storage's bytes to what the device would hand out, ``on_allocate(nbytes)`` runs
+    before a new storage is counted, and ``allocator`` (optional) is told of every allocation
+    and free, in order, so that it can model how the device caches memory; either may raise
+    to refuse the allocation (the simulated device's out-of-memory).
+
+    With ``count_unseen_aliases=False``, an op output that aliases one of the op's inputs (a
+    view, an in-place or an ``out=`` result) never registers a storage the tracker has not
+    seen: touching a tensor made before tracking began allocates nothing. The default counts
+    such a storage when it first shows up, as the cpu backend always has.
     """
 
     def __init__(
@@ -41,60 +104,124 @@ class StorageTracker:
         counts: Callable[[torch.Tensor], bool],
         size_of: Callable[[int], int] = lambda n: n,
         on_allocate: Callable[[int], None] | None = None,
+        allocator: Allocator | None = None,
+        count_unseen_aliases: bool = True,
     ) -> None:
         self._counts = counts
         self._size_of = size_of
         self._on_allocate = on_allocate
-        self._sizes: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # Finalizers may run on whichever thread drops the last reference, and may run while
-        # this thread is already inside observe(); an RLock serves both.
+        self.allocator = allocator
+        # One attribute name per tracker, so that two trackers can watch the same storage.
+        self._key = f"_pytest_vram_record_{id(self):x}"
+        self._released: list[tuple[int, Any]] = []
+        # Reentrant: an on_allocate hook may read the counts it is called from.
         self._lock = threading.RLock()
-        self.current = 0
+        self._current = 0
         self.peak = 0
+        self._register_aliases = count_unseen_aliases
         self.mode = _TrackingMode(self)
+
+    @property
+    def current(self) -> int:
+        """Bytes of the live storages counted so far."""
+        self.flush()
+        return self._current
+
+    def flush(self) -> None:
+        """Apply the releases of storages that died since the last count (and tell the
+        allocator), so that what the allocator reports is up to date."""
+        if self._released:
+            with self._lock:
+                self._apply_releases()
 
     def reset_peak(self) -> None:
         with self._lock:
-            self.peak = self.current
+            self._apply_releases()
+            self.peak = self._current
 
-    def observe(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage if it is new, or its new size if it was resized."""
+    def observe(self, tensor: torch.Tensor, register: bool = True) -> None:
+        """Count ``tensor``'s storage if it is new, or its new size if it was resized.
+
+        With ``register=False`` only storages already counted are looked at (for resizes).
+        """
         if not self._counts(tensor):
             return
         try:
             storage = tensor.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse, nested and other storage-less kinds
             return
+        record = getattr(storage, self._key, None)
+        if record is _IGNORED or (record is None and not register):
+            return
         size = self._size_of(storage.nbytes())
+        if record is not None and record.size == size:
+            return
         with self._lock:
-            box = self._sizes.get(storage)
-            if box is None:
-                if self._on_allocate is not None:
-                    self._on_allocate(size)
-                box = [size]
-                self._sizes[storage] = box
-                weakref.finalize(storage, self._release, box)
-                self._add(size)
-            elif box[0] != size:
-                if size > box[0] and self._on_allocate is not None:
-                    self._on_allocate(size - box[0])
-                self._add(size - box[0])
-                box[0] = size
+            self._apply_releases()
+            if record is None:
+                self._register(storage, size)
+            else:
+                self._resize(record, size)
 
-    def observe_all(self, tree: Any) -> None:
-        for leaf in tree_iter(tree):
-            if isinstance(leaf, torch.Tensor):
-                self.observe(leaf)
+    def observe_output(self, func: Any, out: Any) -> None:
+        """Count what the op ``func`` returned (a tensor, a list or tuple of them, or neither)."""
+        register = self._register_aliases or not _returns_alias(func)
+        # Most ops return one tensor; queries such as prim.device return no tensor at all.
+        if isinstance(out, torch.Tensor):
+            self.observe(out, register)
+        elif isinstance(out, (tuple, list)):
+            self.observe_all(out, register)
+
+    def observe_all(self, tree: Any, register: bool = True) -> None:
+        if isinstance(tree, torch.Tensor):
+            self.observe(tree, register)
+        elif isinstance(tree, (tuple, list)):
+            for leaf in tree:
+                self.observe_all(leaf, register)
+        elif isinstance(tree, dict):
+            for leaf in tree.values():
+                self.observe_all(leaf, register)
+
+    def ignore(self, tensor: torch.Tensor) -> None:
+        """Never count ``tensor``'s storage (memory that exists but is not the device's)."""
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return
+        if getattr(storage, self._key, None) is None:
+            setattr(storage, self._key, _IGNORED)
+
+    def _register(self, storage: torch.UntypedStorage, size: int) -> None:
+        if self._on_allocate is not None:
+            self._on_allocate(size)
+        handle = self.allocator.malloc(size) if self.allocator is not None else None
+        setattr(storage, self._key, _Record(size, handle, self._released))
+        self._add(size)
+
+    def _resize(self, record: _Record, size: int) -> None:
+        if size > record.size and self._on_allocate is not None:
+            self._on_allocate(size - record.size)
+        if self.allocator is not None:
+            # A resize allocates the new size before it lets go of the old one.
+            handle = self.allocator.malloc(size)
+            self.allocator.free(record.handle)
+            record.handle = handle
+        self._add(size - record.size)
+        record.size = size
 
     def _add(self, nbytes: int) -> None:
-        self.current += nbytes
-        if self.current > self.peak:
-            self.peak = self.current
+        self._current += nbytes
+        if self._current > self.peak:
+            self.peak = self._current
 
-    def _release(self, box: list[int]) -> None:
-        with self._lock:
-            self.current -= box[0]
-            box[0] = 0
+    def _apply_releases(self) -> None:
+        released = self._released
+        allocator = self.allocator
+        while released:
+            size, handle = released.pop()
+            self._current -= size
+            if allocator is not None:
+                allocator.free(handle)
 
 
 class _TrackingMode(TorchDispatchMode):
@@ -110,5 +237,5 @@ class _TrackingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         out = func(*args, **(kwargs or {}))
-        self.tracker.observe_all(out)
+        self.tracker.observe_output(func, out)
         return out

@@ -1,0 +1,647 @@
+"""A virtual CUDA device for code that runs on fake ``cpu`` tensors.
+
+While a simulated test runs, :class:`VirtualCuda` makes code written for CUDA work unchanged on
+a CPU-only build of PyTorch:
+
+- ``device="cuda"`` (``"cuda:0"``, ``torch.device("cuda")``, ``0``) in any torch function,
+  ``Tensor.to("cuda")``, ``Tensor.cuda()``, ``Module.to("cuda")``, ``Module.cuda()`` and the
+  ``torch.device("cuda")`` context manager put tensors on the (fake) ``cpu`` device, where
+  FakeTensorMode can run autograd and optimizers; a real tensor made before the test becomes a
+  counted fake copy when moved to ``cuda``;
+- ``torch.autocast("cuda", dtype)`` runs as CPU autocast, corrected so that the functions a test
+  calls follow CUDA's autocast op lists (``softmax``, ``sum``, ``exp``, norms and losses in
+  float32; ``einsum`` and friends in the low precision);
+- ``torch.cuda.*`` (and ``torch.accelerator.*``) device and memory queries answer from the
+  simulated device; optimizers default to the ``foreach`` implementations they use on CUDA;
+  ``GradScaler.step`` always steps, since the simulated device has no values to check for infs.
+
+Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
+:meth:`VirtualCuda.uninstall`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.amp.autocast_mode
+import torch.amp.grad_scaler
+import torch.cuda.memory
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.optim import optimizer as _optimizer
+from torch.overrides import TorchFunctionMode
+from torch.utils import _device
+
+__all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
+
+_CPU = torch.device("cpu")
+# The real answers, read before anything is patched.
+_is_autocast_enabled = torch.is_autocast_enabled
+_get_autocast_dtype = torch.get_autocast_dtype
+
+
+class SimulatedDevice(Protocol):
+    """What the virtual device reads its memory figures from (the sim backend)."""
+
+    def allocated(self) -> int: ...
+
+    def peak_allocated(self) -> int: ...
+
+    def reserved(self) -> int | None: ...
+
+    def peak_reserved(self) -> int | None: ...
+
+    def reset_peak(self) -> None: ...
+
+    def release_cache(self) -> None: ...
+
+    def device_total(self) -> int: ...
+
+    def memory_stats_nested(self) -> dict[str, Any]: ...
+
+    def memory_summary(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SimulatedDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` returns for the simulated device."""
+
+    name: str
+    total_memory: int
+    major: int = 9
+    minor: int = 0
+    multi_processor_count: int = 132
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+    max_threads_per_multi_processor: int = 2048
+    warp_size: int = 32
+    L2_cache_size: int = 50 * 1024 * 1024
+    gcnArchName: str = "NVIDIA"
+    uuid: str = "00000000-0000-0000-0000-000000000000"
+
+
+DEVICE_NAME = "pytest-vram simulated CUDA device"
+
+
+def is_cuda_device(device: object) -> bool:
+    """Whether a ``device=`` value names a CUDA device: ``"cuda"``, ``"cuda:1"``, a
+    ``torch.device`` of type cuda, or a bare index (which PyTorch reads as a CUDA device)."""
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# Function mode: device arguments, tensor moves and CUDA's autocast lists
+# ---------------------------------------------------------------------------------------------
+
+
+def _tensor_to(func: Callable, args: tuple, kwargs: dict) -> Any:
+    to_cuda = False
+    if len(args) > 1 and is_cuda_device(args[1]):
+        args = (args[0], _CPU, *args[2:])
+        to_cuda = True
+    device = kwargs.get("device")
+    if device is not None and is_cuda_device(device):
+        kwargs["device"] = _CPU
+        to_cuda = True
+    # A host tensor made before the simulation moves to the device: a new, counted fake copy.
+    if to_cuda and not isinstance(args[0], FakeTensor) and len(args) < 5:
+        kwargs.setdefault("copy", True)
+    return func(*args, **kwargs)
+
+
+def _tensor_cuda(func: Callable, args: tuple, kwargs: dict) -> Any:
+    tensor = args[0]
+    non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+    memory_format = kwargs.get("memory_format", torch.preserve_format)
+    return tensor.to(
+        _CPU,
+        non_blocking=non_blocking,
+        copy=not isinstance(tensor, FakeTensor),
+        memory_format=memory_format,
+    )
+
+
+def _tensor_format(func: Callable, args: tuple, kwargs: dict) -> Any:
+    # f"{loss:.4f}" reads the value, as it does on a real tensor: a constant formats, anything
+    # else raises FakeTensorMode's "needs values" error rather than a TypeError.
+    tensor, spec = args[0], args[1] if len(args) > 1 else kwargs.get("format_spec", "")
+    if spec and isinstance(tensor, FakeTensor) and tensor.dim() == 0:
+        return format(tensor.item(), spec)
+    return func(*args, **kwargs)
+
+
+def _returns_self(func: Callable, args: tuple, kwargs: dict) -> Any:
+    return args[0]
+
+
+def _returns_false(func: Callable, args: tuple, kwargs: dict) -> Any:
+    return False
+
+
+def _special_methods() -> dict[Callable, Callable]:
+    tensor = torch.Tensor
+    return {
+        tensor.to: _tensor_to,
+        tensor.cuda: _tensor_cuda,
+        tensor.__format__: _tensor_format,
+        # Pinned host memory needs a CUDA runtime; on the simulated device it is plain memory.
+        tensor.pin_memory: _returns_self,
+        tensor.is_pinned: _returns_false,
+    }
+
+
+_FP32, _FP32_DTYPE, _LOWER, _PROMOTE = "fp32", "fp32 dtype", "lower", "promote"
+
+
+def _autocast_policies() -> dict[Callable, str]:
+    """CUDA autocast's op lists (ATen's autocast_mode.cpp) where they differ from the CPU's."""
+    F = nn.functional
+    T = torch.Tensor
+    linalg = torch.linalg
+    table: dict[Callable, str] = {}
+
+    def add(policy: str, *funcs: Callable | None) -> None:
+        for func in funcs:
+            if func is not None:
+                table[func] = policy
+
+    def both(*names: str) -> list[Callable | None]:
+        return [f for name in names for f in (getattr(torch, name, None), getattr(T, name, None))]
+
+    add(
+        _FP32,
+        *both(
+            "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+            "reciprocal", "rsqrt", "sinh", "tan", "pow", "norm", "dist", "renorm", "logsumexp",
+            "cosine_similarity", "cdist", "layer_norm", "group_norm", "rms_norm",
+        ),
+        T.__pow__, T.__rpow__,
+        F.softplus, F.layer_norm, F.group_norm, getattr(F, "rms_norm", None),
+        F.cosine_similarity, F.poisson_nll_loss, F.cosine_embedding_loss, F.nll_loss,
+        F.hinge_embedding_loss, F.kl_div, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.mse_loss,
+        F.margin_ranking_loss, F.multilabel_margin_loss, F.soft_margin_loss,
+        F.triplet_margin_loss, F.multi_margin_loss, F.binary_cross_entropy_with_logits,
+        F.pdist, F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear,
+    )  # fmt: skip
+    add(
+        _FP32_DTYPE,
+        *both("softmax", "log_softmax", "cumsum", "cumprod", "prod", "sum"),
+        F.softmax, F.log_softmax, linalg.vector_norm, linalg.matrix_norm,
+    )  # fmt: skip
+    add(
+        _LOWER,
+        *both("addmv", "addr", "mv", "chain_matmul"),
+        torch.einsum, linalg.multi_dot, linalg.vecdot,
+    )  # fmt: skip
+    add(
+        _PROMOTE,
+        *both("addcdiv", "addcmul", "atan2", "cross", "dot", "vdot", "index_put", "tensordot",
+              "scatter_add"),
+        F.bilinear,
+    )  # fmt: skip
+    return table
+
+
+def _map_tensors(value: Any, cast: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return cast(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(cast(v) if isinstance(v, torch.Tensor) else v for v in value)
+    return value
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def _eligible(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and tensor.dtype != torch.float64
+
+
+def _autocast_call(policy: str, func: Callable, args: tuple, kwargs: dict) -> Any:
+    if policy == _FP32_DTYPE:
+        first = next(_tensors(args, kwargs), None)
+        has_dtype = kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+        if first is not None and _eligible(first) and not has_dtype:
+            kwargs["dtype"] = torch.float32
+        return func(*args, **kwargs)
+    if policy == _FP32:
+        target = torch.float32
+        wanted = {torch.float16, torch.bfloat16}
+    elif policy == _LOWER:
+        target = _get_autocast_dtype("cpu")
+        wanted = {torch.float32, torch.float16, torch.bfloat16} - {target}
+    else:
+        dtypes = {t.dtype for t in _tensors(args, kwargs) if _eligible(t)}
+        if torch.float32 not in dtypes or len(dtypes) < 2:
+            return func(*args, **kwargs)
+        target = torch.float32
+        wanted = {torch.float16, torch.bfloat16}
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(target) if tensor.dtype in wanted else tensor
+
+    args = tuple(_map_tensors(a, cast) for a in args)
+    kwargs = {k: _map_tensors(v, cast) for k, v in kwargs.items()}
+    return func(*args, **kwargs)
+
+
+class CudaRemapMode(TorchFunctionMode):
+    """Sends CUDA device arguments to the fake ``cpu`` device and applies CUDA autocast lists.
+
+    Only the functions a test calls reach a function mode (what they call in turn does not),
+    which is all that device arguments need; for autocast it means the corrections apply to the
+    functions called directly, while CPU autocast, underneath, casts everything else.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._special = _special_methods()
+        self._autocast = _autocast_policies()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and is_cuda_device(device):
+                kwargs = {**kwargs, "device": _CPU}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+        else:
+            kwargs = {}
+        special = self._special.get(func)
+        if special is not None:
+            return special(func, args, dict(kwargs))
+        policy = self._autocast.get(func)
+        if policy is not None and _is_autocast_enabled("cpu"):
+            return _autocast_call(policy, func, args, dict(kwargs))
+        return func(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replacements for torch functions and methods
+# ---------------------------------------------------------------------------------------------
+
+
+def _device_context_torch_function(
+    self: Any, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
+) -> Any:
+    # torch.device("cuda") as a context manager sits at the bottom of the function-mode stack
+    # and adds its device after every other mode has run: remap it here.
+    kwargs = kwargs or {}
+    if func in _device._device_constructors() and kwargs.get("device") is None:
+        kwargs["device"] = _CPU if self.device.type == "cuda" else self.device
+    return func(*args, **kwargs)
+
+
+def _module_apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
+    """``Module._apply`` for fake tensors, whose swap the stock version cannot do.
+
+    A parameter whose conversion returns itself stays as it is; a fake parameter converted to
+    another fake keeps its identity (its data is replaced, as PyTorch does by default), so that
+    an optimizer made before ``.to()`` still holds it; a real parameter becomes a new fake one.
+    """
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in self._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        grad = param.grad
+        if applied is not param:
+            # A fake tensor's device is a Python attribute that ``.data =`` would not update.
+            if (
+                isinstance(param, FakeTensor)
+                and isinstance(applied, FakeTensor)
+                and param.fake_device == applied.fake_device
+            ):
+                param.data = applied
+            else:
+                param = nn.Parameter(applied, requires_grad=param.requires_grad)
+                self._parameters[key] = param
+        if grad is not None:
+            with torch.no_grad():
+                grad_applied = fn(grad)
+            if grad_applied is not grad:
+                param.grad = grad_applied
+    for key, buf in self._buffers.items():
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
+
+
+def _autocast_init(original: Callable) -> Callable:
+    def __init__(
+        self: Any,
+        device_type: str,
+        dtype: torch.dtype | None = None,
+        enabled: bool = True,
+        cache_enabled: bool | None = None,
+    ) -> None:
+        if isinstance(device_type, str) and device_type == "cuda":
+            # CUDA's default low precision is float16, the CPU's bfloat16.
+            dtype = _get_autocast_dtype("cuda") if dtype is None else dtype
+            device_type = "cpu"
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return __init__
+
+
+def _cuda_to_cpu_query(original: Callable) -> Callable:
+    def query(device_type: str | None = None, *args: Any) -> Any:
+        if device_type is None or device_type == "cuda":
+            device_type = "cpu"
+        return original(device_type, *args)
+
+    return query
+
+
+def _grad_scaler_step(
+    self: Any, optimizer: torch.optim.Optimizer, optimizer_state: dict, *args: Any, **kwargs: Any
+) -> Any:
+    # Fake gradients have no values to be inf or NaN: always take the step.
+    return optimizer.step(*args, **kwargs)
+
+
+class _Stream:
+    """A CUDA stream on a device that computes nothing: every wait is already over."""
+
+    device = torch.device("cuda", 0)
+    device_index = 0
+    device_type = 1
+    stream_id = 0
+    cuda_stream = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _Event:
+        return event if event is not None else _Event()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _Event:
+    """A CUDA event on a device that computes nothing: no time passes between two of them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: Any) -> float:
+        return 0.0
+
+
+class _DeviceGuard:
+    """``torch.cuda.device(i)``: there is one simulated device, so selecting it changes nothing."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = 0
+
+    def __enter__(self) -> _DeviceGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __call__(self, func: Callable) -> Callable:
+        return func
+
+
+_STREAM = _Stream()
+_MISSING = object()
+
+
+def _default_device_context() -> Any:
+    """The context ``torch.set_default_device`` entered on this thread, if any."""
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    return getattr(holder, "device_context", None)
+
+
+class VirtualCuda:
+    """Installs and removes the virtual CUDA device around one simulated test."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self._device = device
+        self._mode = CudaRemapMode()
+        self._saved: list[tuple[object, str, object]] = []
+        self._default_device: Any = None
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        self._saved = []
+        self._default_device = _default_device_context()
+        try:
+            for owner, name, value in self._replacements():
+                self._patch(owner, name, value)
+            self._mode.__enter__()
+        except BaseException:
+            self._restore()
+            raise
+        self.installed = True
+
+    def uninstall(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._restore()
+            # A test that made "cuda" the default device would leave it to every later test,
+            # which on a machine without CUDA cannot make a tensor any more.
+            context = _default_device_context()
+            if (
+                context is not None
+                and context is not self._default_device
+                and context.device.type == "cuda"
+            ):
+                previous = self._default_device
+                torch.set_default_device(None if previous is None else previous.device)
+
+    def _patch(self, owner: object, name: str, value: object) -> None:
+        # Only what exists in this torch version (and, on a class, in the class itself) is
+        # replaced, so that restoring puts back exactly what was there and adds no names.
+        if isinstance(owner, type):
+            original = owner.__dict__.get(name, _MISSING)
+        else:
+            original = getattr(owner, name, _MISSING)
+        if original is _MISSING:
+            return
+        self._saved.append((owner, name, original))
+        setattr(owner, name, value)
+
+    def _restore(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+    def _replacements(self) -> Iterator[tuple[object, str, object]]:
+        dev = self._device
+        cuda = torch.cuda
+        memory = torch.cuda.memory
+
+        def properties(device: Any = None) -> SimulatedDeviceProperties:
+            return SimulatedDeviceProperties(name=DEVICE_NAME, total_memory=dev.device_total())
+
+        def mem_get_info(device: Any = None) -> tuple[int, int]:
+            total = dev.device_total()
+            return max(total - (dev.reserved() or 0), 0), total
+
+        def memory_stats(device: Any = None) -> OrderedDict[str, Any]:
+            flat: list[tuple[str, Any]] = []
+
+            def walk(prefix: str, value: Any) -> None:
+                if isinstance(value, dict):
+                    for key, item in value.items():
+                        walk(f"{prefix}.{key}" if prefix else key, item)
+                else:
+                    flat.append((prefix, value))
+
+            walk("", dev.memory_stats_nested())
+            return OrderedDict(sorted(flat))
+
+        def reset_peak(device: Any = None) -> None:
+            dev.reset_peak()
+
+        def empty_cache() -> None:
+            dev.release_cache()
+
+        functions: dict[str, Callable] = {
+            "is_available": lambda: True,
+            "device_count": lambda: 1,
+            "current_device": lambda: 0,
+            "set_device": lambda device: None,
+            "synchronize": lambda device=None: None,
+            "init": lambda: None,
+            "is_bf16_supported": lambda including_emulation=True: True,
+            "get_device_name": lambda device=None: DEVICE_NAME,
+            "get_device_capability": lambda device=None: (9, 0),
+            "get_device_properties": properties,
+            "mem_get_info": mem_get_info,
+            "memory_allocated": lambda device=None: dev.allocated(),
+            "max_memory_allocated": lambda device=None: dev.peak_allocated(),
+            "memory_reserved": lambda device=None: dev.reserved() or 0,
+            "max_memory_reserved": lambda device=None: dev.peak_reserved() or 0,
+            "memory_cached": lambda device=None: dev.reserved() or 0,
+            "max_memory_cached": lambda device=None: dev.peak_reserved() or 0,
+            "reset_peak_memory_stats": reset_peak,
+            "reset_max_memory_allocated": reset_peak,
+            "reset_max_memory_cached": reset_peak,
+            "reset_accumulated_memory_stats": lambda device=None: None,
+            "memory_stats": memory_stats,
+            "memory_stats_as_nested_dict": lambda device=None: dev.memory_stats_nested(),
+            "memory_summary": lambda device=None, abbreviated=False: dev.memory_summary(),
+            "empty_cache": empty_cache,
+            "current_stream": lambda device=None: _STREAM,
+            "default_stream": lambda device=None: _STREAM,
+            "stream": lambda stream=None: contextlib.nullcontext(stream),
+            "set_stream": lambda stream: None,
+            "is_current_stream_capturing": lambda: False,
+            "Stream": _Stream,
+            "Event": _Event,
+            "device": _DeviceGuard,
+        }
+        for name, value in functions.items():
+            yield cuda, name, value
+            if name in memory.__dict__:
+                yield memory, name, value
+
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None:
+            yield accelerator, "is_available", lambda: True
+            yield accelerator, "device_count", lambda: 1
+            yield accelerator, "current_device_index", lambda: 0
+            yield accelerator, "set_device_index", lambda device: None
+            yield accelerator, "synchronize", lambda device=None: None
+            yield accelerator, "current_stream", lambda device=None: _STREAM
+            yield (
+                accelerator,
+                "current_accelerator",
+                lambda check_available=False: torch.device("cuda"),
+            )
+            accelerator_memory = {
+                "empty_cache": empty_cache,
+                "memory_allocated": functions["memory_allocated"],
+                "max_memory_allocated": functions["max_memory_allocated"],
+                "memory_reserved": functions["memory_reserved"],
+                "max_memory_reserved": functions["max_memory_reserved"],
+                "reset_peak_memory_stats": reset_peak,
+                "memory_stats": memory_stats,
+                "get_memory_info": mem_get_info,
+            }
+            for owner in (accelerator, getattr(accelerator, "memory", None)):
+                if owner is not None:
+                    for name, value in accelerator_memory.items():
+                        if name in owner.__dict__:
+                            yield owner, name, value
+
+        yield nn.Module, "_apply", _module_apply
+        yield _device.DeviceContext, "__torch_function__", _device_context_torch_function
+
+        autocast = torch.amp.autocast_mode.autocast
+        yield autocast, "__init__", _autocast_init(autocast.__init__)
+        yield torch, "is_autocast_enabled", _cuda_to_cpu_query(_is_autocast_enabled)
+        yield torch, "get_autocast_dtype", _cuda_to_cpu_query(_get_autocast_dtype)
+
+        # On CUDA, optimizers default to their foreach implementations, whose temporaries
+        # (a whole copy of exp_avg_sq for Adam) set the step's peak.
+        optimizer = _optimizer
+        supported = optimizer._get_foreach_kernels_supported_devices
+        yield (
+            optimizer,
+            "_get_foreach_kernels_supported_devices",
+            lambda: [*supported(), "cpu"],
+        )
+        yield (
+            optimizer,
+            "_foreach_supported_types",
+            [*optimizer._foreach_supported_types, FakeTensor],
+        )
+        yield torch.amp.grad_scaler.GradScaler, "_maybe_opt_step", _grad_scaler_step
