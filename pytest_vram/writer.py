@@ -54,7 +54,7 @@ class BaselineWriter:
             baseline = self.store.files[device]
             baseline.write()
             lines.append(
-                f"baselines: {updated} updated, {removed} removed in {baseline.path} "
+                f"baselines: {updated} updated, {removed} removed in {_shown(baseline.path)} "
                 f"({len(baseline.entries)} entries)"
             )
         self._changed.clear()
@@ -95,6 +95,14 @@ def write_outputs(
         _write(settings.html_path, render_html(document))
         lines.append(f"wrote {settings.html_path}")
     return lines
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _write(path: Path, text: str) -> None:
