@@ -71,10 +71,9 @@ def terminal_lines(records: list[TestRecord], stale: list[str] | None = None) ->
         lines.append("  ".join(cells).rstrip())
     lines.append(describe_totals(records))
     if stale:
-        lines.append(
-            f"{len(stale)} baseline entries have no test any more "
-            "(remove them with --vram-prune-baselines):"
-        )
+        count = len(stale)
+        entries = "1 baseline entry has" if count == 1 else f"{count} baseline entries have"
+        lines.append(f"{entries} no test any more (remove them with --vram-prune-baselines):")
         lines.extend(f"  {nodeid}" for nodeid in stale)
     return lines
 

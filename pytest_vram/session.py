@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -56,14 +56,37 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
-def release_frames(tb: TracebackType | None) -> None:
-    """Drop the locals of a finished traceback's frames, so the tensors they hold are freed."""
-    traceback.clear_frames(tb)
-    while tb is not None:
-        # Python 3.11 keeps a materialised f_locals dict after frame.clear(); reading it
-        # again syncs it with the now empty frame.
-        tb.tb_frame.f_locals  # noqa: B018
-        tb = tb.tb_next
+def release_frames(exc: BaseException | None) -> None:
+    """Drop the locals of the frames in ``exc``'s tracebacks, and in those of the exceptions
+    it chains to, so that the tensors they hold are freed."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        traceback.clear_frames(tb)
+        if tb is not None:
+            _clear_finished_callers(tb.tb_frame)
+        while tb is not None:
+            # Python 3.11 keeps a materialised f_locals dict after frame.clear(); reading it
+            # again syncs it with the now empty frame.
+            tb.tb_frame.f_locals  # noqa: B018
+            tb = tb.tb_next
+        if exc.__cause__ is not None:
+            release_frames(exc.__cause__)
+        exc = exc.__context__
+
+
+def _clear_finished_callers(frame: FrameType) -> None:
+    """Clear the finished frames that called ``frame``: pytest's CallInfo for the failed call
+    sits in one of them, and with the traceback it forms a cycle that keeps the test's
+    closures alive. The first frame still running ends the walk."""
+    caller = frame.f_back
+    while caller is not None:
+        try:
+            caller.clear()
+        except RuntimeError:  # still executing: everything above it is too
+            return
+        caller = caller.f_back
 
 
 class VramSession:
@@ -291,11 +314,15 @@ class VramSession:
         if verdict is None:  # setup failed: the call never ran
             measurement.finish_call()
             verdict = Verdict(status="failed", raised=True)
-        last_traceback = getattr(sys, "last_traceback", None)
-        if verdict.raised and last_traceback is not None:
-            # The failed call's frames still hold its tensors; free them so the next test
-            # starts clean (pytest keeps them in sys.last_traceback for post-mortem debugging).
-            release_frames(last_traceback)
+        last_value = getattr(sys, "last_value", None)
+        if verdict.raised and last_value is not None:
+            # The failed call's frames still hold its tensors, through pytest's post-mortem
+            # references (which pytest drops only in the next test's call). Drop them now, and
+            # the frames' locals, so that the next test starts clean.
+            release_frames(last_value)
+            for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+                if hasattr(sys, name):
+                    delattr(sys, name)
         # pytest drops the test's fixture values only after the teardown report; drop them now,
         # or what the test's function-scoped fixtures held would count as left over.
         funcargs = getattr(item, "funcargs", None)
@@ -334,19 +361,24 @@ class VramSession:
             self.environments.setdefault(record.backend, environment)
 
     def stale_entries(self) -> list[str]:
-        """Baseline entries of tests that no longer exist, judged only where this run
-        collected their file (a partial run says nothing of files it did not collect)."""
+        """Baseline entries of tests that no longer exist. A file counts only where this run
+        collected the whole of it (a path argument, not ``file::test``), or where it is gone:
+        a partial run says nothing of the tests it did not collect."""
         if self.collected is None:
             return []
-        collected_files = {nodeid.split("::")[0] for nodeid in self.collected}
         root = self.config.rootpath
+        partial = {arg.split("::")[0] for arg in self.config.args if "::" in arg}
+        partial_paths = {(self.config.invocation_params.dir / p).resolve() for p in partial}
+        collected_files = {nodeid.split("::")[0] for nodeid in self.collected}
         stale = set()
         for baseline in self.store.files.values():
             for nodeid in baseline.entries:
-                path = nodeid.split("::")[0]
                 if nodeid in self.collected:
                     continue
-                if path in collected_files or not (root / path).exists():
+                path = nodeid.split("::")[0]
+                gone = not (root / path).exists()
+                whole = path in collected_files and (root / path).resolve() not in partial_paths
+                if gone or whole:
                     stale.add(nodeid)
         return sorted(stale)
 

@@ -179,7 +179,7 @@ def test_stale_entries_are_listed_and_pruned_only_where_the_run_knows(
     result = pytester.runpytest(CPU, "--vram-report", "test_mem.py")
     result.stdout.fnmatch_lines(
         [
-            "1 baseline entries have no test any more (remove them with --vram-prune-baselines):",
+            "1 baseline entry has no test any more (remove them with --vram-prune-baselines):",
             "  test_mem.py::test_beta",
         ]
     )
@@ -189,6 +189,9 @@ def test_stale_entries_are_listed_and_pruned_only_where_the_run_knows(
     assert "test_mem.py::test_beta" not in entries
     # Deselected with -k, and uncollected files, are not stale.
     assert {"test_mem.py::test_gamma", "test_other.py::test_other"} <= set(entries)
+    # A run of single tests by node id says nothing of the file's other tests.
+    result = pytester.runpytest(CPU, "--vram-report", "test_mem.py::test_alpha")
+    result.stdout.no_fnmatch_line("*no test any more*")
     # A deleted file's entries are stale wherever the run starts.
     (pytester.path / "test_other.py").unlink()
     pytester.runpytest(CPU, "--vram-prune-baselines", "test_mem.py")
