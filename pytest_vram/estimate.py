@@ -368,6 +368,31 @@ def _embeddings(hidden: int, vocab: int, tied: bool) -> tuple[Tensor, Tensor, Te
     return embedding, _norm("norm", hidden), lm_head
 
 
+def _decoder(
+    cfg: Mapping[str, Any],
+    model_type: str,
+    hidden: int,
+    vocab: int,
+    tied: bool,
+    layers: tuple[Layer, ...],
+    notes: tuple[str, ...],
+) -> Model:
+    """A decoder with the embeddings, final norm and output layer every family shares."""
+    embedding, final_norm, lm_head = _embeddings(hidden, vocab, tied)
+    return Model(
+        model_type,
+        hidden,
+        vocab,
+        tied,
+        layers,
+        embedding,
+        final_norm,
+        lm_head,
+        cfg.get("max_position_embeddings"),
+        notes,
+    )
+
+
 def _llama_like(cfg: Mapping[str, Any], source: str) -> Model:
     model_type = cfg["model_type"]
     hidden = _pos_int(cfg, "hidden_size", source)
@@ -428,19 +453,7 @@ def _llama_like(cfg: Mapping[str, Any], source: str) -> Model:
         )
         for window in _windows(cfg, n_layers, source)
     )
-    embedding, final_norm, lm_head = _embeddings(hidden, vocab, tied)
-    return Model(
-        model_type,
-        hidden,
-        vocab,
-        tied,
-        layers,
-        embedding,
-        final_norm,
-        lm_head,
-        cfg.get("max_position_embeddings"),
-        _quantization_note(cfg),
-    )
+    return _decoder(cfg, model_type, hidden, vocab, tied, layers, _quantization_note(cfg))
 
 
 def _deepseek(cfg: Mapping[str, Any], source: str) -> Model:
@@ -528,19 +541,7 @@ def _deepseek(cfg: Mapping[str, Any], source: str) -> Model:
             "counted: it is an extra training/speculative-decoding head that Transformers "
             "does not load"
         )
-    embedding, final_norm, lm_head = _embeddings(hidden, vocab, tied)
-    return Model(
-        model_type,
-        hidden,
-        vocab,
-        tied,
-        layers,
-        embedding,
-        final_norm,
-        lm_head,
-        cfg.get("max_position_embeddings"),
-        tuple(notes),
-    )
+    return _decoder(cfg, model_type, hidden, vocab, tied, layers, tuple(notes))
 
 
 def _quantization_note(cfg: Mapping[str, Any]) -> tuple[str, ...]:
