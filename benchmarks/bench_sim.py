@@ -22,14 +22,13 @@ MemTracker are compared too. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "suites"))
 
-from gpt import GPT, GPTConfig, training_step  # noqa: E402
+from gpt import GPT, GPTConfig, default_dtype, training_step  # noqa: E402
 
 from pytest_vram.backends.sim import SimBackend  # noqa: E402
 
@@ -48,16 +47,6 @@ CONFIG = GPTConfig.qwen2_5_32b()
 SEQ = 512
 STEPS = 2
 GiB = 1 << 30
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def train(device: str, between_steps: Callable[[], None] = lambda: None) -> float:

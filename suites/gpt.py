@@ -8,6 +8,8 @@ checkpointing per block, and a KV cache for generation. ``GPTConfig.qwen2_5_32b(
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -187,6 +189,17 @@ class GPT(nn.Module):
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self(tokens)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build a model's parameters directly in ``dtype``, as large models are loaded."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def parameter_count(model: nn.Module) -> int:

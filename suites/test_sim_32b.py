@@ -8,12 +8,9 @@ as the CUDA caching allocator would hand them out. The code is what one would wr
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
 import torch
-from gpt import GPT, GPTConfig, parameter_count, training_step
+from gpt import GPT, GPTConfig, default_dtype, parameter_count, training_step
 from torch import nn
 
 from pytest_vram import max_vram
@@ -46,17 +43,6 @@ BF16_STEP_BUDGET = "330GB"
 # In backward at most 4P + 8P + 4P + 64.0 + 13.1 GB = 601.3 GB; the foreach step then adds a
 # float32 square root of the second moments, 4P, for 20P = 655.3 GB. Budget 660 GB.
 MIXED_STEP_BUDGET = "660GB"
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Build a model's parameters directly in ``dtype``, as large models are loaded."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def build(device: torch.device, dtype: torch.dtype) -> GPT:
