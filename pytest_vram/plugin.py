@@ -13,9 +13,10 @@ from pytest_vram.handle import VramHandle
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
 from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
-from pytest_vram.session import MEASUREMENT, VramSession
+from pytest_vram.session import MEASUREMENT, VramSession, WorkerReports
 
 PLUGIN_NAME = "vram-session"
+WORKER_PLUGIN_NAME = "vram-worker-reports"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,7 +36,10 @@ def pytest_configure(config: pytest.Config) -> None:
         store = BaselineStore.load(settings.baseline_dir)
     except BaselineFileError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(VramSession(config, settings, store), PLUGIN_NAME)
+    session = VramSession(config, settings, store)
+    config.pluginmanager.register(session, PLUGIN_NAME)
+    if session.is_worker:
+        config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -43,6 +47,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if session is not None:
         session.close()
         config.pluginmanager.unregister(session)
+    worker = config.pluginmanager.get_plugin(WORKER_PLUGIN_NAME)
+    if worker is not None:
+        config.pluginmanager.unregister(worker)
 
 
 @pytest.fixture

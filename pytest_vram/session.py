@@ -1,8 +1,9 @@
 """The per-test hooks: start a measurement before setup, judge it after the call, finish it after
-teardown, and carry the record on the teardown report to whoever writes the reports.
+teardown, and hand the record to whoever writes the reports.
 
-Data flows one way: backend -> measurement -> record (on the worker) -> report -> the
-controller's records -> baselines and reports. Under pytest-xdist only the controller writes.
+Data flows one way: backend -> measurement -> record -> the session's records -> baselines and
+reports. Under pytest-xdist the record travels from the worker to the controller as plain data on
+the teardown report, and only the controller writes.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -30,7 +30,7 @@ from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.writer import BaselineWriter, write_outputs
 
-__all__ = ["MEASUREMENT", "VramSession"]
+__all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
 MEASURED = pytest.StashKey[bool]()
@@ -40,13 +40,15 @@ VERDICT = pytest.StashKey["Verdict"]()
 RECORD = pytest.StashKey[TestRecord]()
 
 
-@dataclass
 class Verdict:
     """What the call phase decided about memory."""
 
-    status: str | None = None
-    raised: bool = False
-    messages: list[str] = field(default_factory=list)
+    __slots__ = ("messages", "raised", "status")
+
+    def __init__(self, status: str | None = None, raised: bool = False) -> None:
+        self.status = status
+        self.raised = raised
+        self.messages: list[str] = []
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -97,6 +99,10 @@ class VramSession:
         self.settings = settings
         self.store = store
         self.is_worker = hasattr(config, "workerinput")
+        # The properties go to --junitxml (on xdist workers too: they share the options).
+        self.junit_properties = settings.junit_properties and bool(
+            config.getoption("xmlpath", None)
+        )
         self.backends: dict[str, Backend] = {}
         self.last_end: dict[str, int] = {}
         self.records: list[TestRecord] = []
@@ -143,7 +149,16 @@ class VramSession:
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         if item.stash.get(MEASURED, False):
             self._begin(item)
+        else:
+            self._pause_backends()
         return (yield)
+
+    def _pause_backends(self, keep: Backend | None = None) -> None:
+        """Backends may go on watching after a test ends; stop all (but ``keep``) before other
+        code runs, so that an unmeasured test runs exactly as without the plugin."""
+        for backend in self.backends.values():
+            if backend is not keep:
+                backend.pause()
 
     def _begin(self, item: pytest.Item) -> None:
         try:
@@ -155,6 +170,7 @@ class VramSession:
             problem = None
         if problem is not None:
             pytest.fail(problem, pytrace=False)
+        self._pause_backends(keep=backend)
         if marks.required is not None:
             total = backend.total_memory()
             if total is not None and total < marks.required:
@@ -221,13 +237,16 @@ class VramSession:
     def _check_budgets(
         self, item: pytest.Item, measurement: TestMeasurement, verdict: Verdict
     ) -> None:
+        budgets = item.stash[MARKS].budgets
+        if not budgets:
+            return
         record = measurement.record
         peaks = {
             "allocated": record.peak_allocated,
             "reserved": record.peak_reserved,
             "device": record.peak_device,
         }
-        for budget in item.stash[MARKS].budgets:
+        for budget in budgets:
             peak = peaks[budget.metric]
             if peak is None:
                 verdict.messages.append(
@@ -334,29 +353,22 @@ class VramSession:
         record.outcome = "failed" if verdict.raised else "passed"
         record.status = verdict.status or ("failed" if verdict.raised else "ok")
         record.messages = verdict.messages + record.messages
-        if self.settings.junit_properties:
+        if self.junit_properties:
             item.user_properties.extend(junit_properties(record))
-        item.stash[RECORD] = record
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-        report = yield
-        record = item.stash.get(RECORD, None)
-        if call.when == "teardown" and record is not None:
-            # Plain data: pytest-xdist serialises the report, attributes included.
-            report.vram_record = record.to_dict()
-            report.vram_environment = self.environments.get(record.backend, {})
-        return report
+        if self.is_worker:
+            item.stash[RECORD] = record  # for WorkerReports, on the teardown report
+        else:
+            self._collect(record, self.environments.get(record.backend))
 
     # -- the controller: collect records, write reports -----------------------------------
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, "vram_record", None)
-        if report.when != "teardown" or data is None:
-            return
-        record = TestRecord.from_dict(data)
+        if report.when == "teardown" and data is not None:
+            self._collect(TestRecord.from_dict(data), getattr(report, "vram_environment", None))
+
+    def _collect(self, record: TestRecord, environment: dict[str, Any] | None) -> None:
         self.records.append(record)
-        environment = getattr(report, "vram_environment", None)
         if environment:
             self.environments.setdefault(record.backend, environment)
 
@@ -384,6 +396,7 @@ class VramSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self._pause_backends()
         if self.is_worker:
             return
         self._add_suite_properties()
@@ -412,7 +425,7 @@ class VramSession:
         except ImportError:  # pragma: no cover - pytest moved it
             return
         xml = self.config.stash.get(xml_key, None)
-        if xml is None or not self.settings.junit_properties:
+        if xml is None or not self.junit_properties:
             return
         for name, environment in sorted(self.environments.items()):
             prefix = "vram_env" if len(self.environments) == 1 else f"vram_env_{name}"
@@ -429,3 +442,21 @@ class VramSession:
                 terminalreporter.write_line(line)
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
+
+
+class WorkerReports:
+    """On a pytest-xdist worker: each record rides to the controller on its teardown report,
+    whose ``pytest_runtest_logreport`` there hands it to the controller's session."""
+
+    def __init__(self, session: VramSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+        report = yield
+        record = item.stash.get(RECORD, None)
+        if call.when == "teardown" and record is not None:
+            # Plain data: pytest-xdist serialises the report, attributes included.
+            report.vram_record = record.to_dict()
+            report.vram_environment = self.session.environments.get(record.backend, {})
+        return report

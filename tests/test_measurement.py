@@ -35,7 +35,7 @@ def backend() -> Iterator[CpuBackend]:
     try:
         yield backend
     finally:
-        backend.end_test()  # whatever a failing test left open
+        backend.close()  # whatever a failing test left open
 
 
 @pytest.fixture
@@ -139,10 +139,11 @@ def test_end_without_finish_call_freezes_the_peak(backend: CpuBackend) -> None:
     assert m.record.end_allocated == 0
 
 
-def test_nothing_is_counted_after_end(backend: CpuBackend) -> None:
+def test_nothing_is_counted_after_end_and_pause(backend: CpuBackend) -> None:
     m = TestMeasurement(backend, "t.py::test")
     m.begin()
     m.end()
+    backend.pause()
     after = floats(4 * KiB)
     assert backend.allocated() == 0
     del after

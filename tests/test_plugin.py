@@ -133,6 +133,77 @@ def test_unmeasured_tests_run_as_without_the_plugin(pytester: pytest.Pytester) -
     assert junit_properties(pytester.path / "out.xml")["test_plain"] == {}
 
 
+def test_no_dispatch_mode_outlives_the_measured_tests(pytester: pytest.Pytester) -> None:
+    # The cpu backend keeps its dispatch mode pushed from one measured test to the next; an
+    # unmeasured test and the end of the session pop it.
+    pytester.makeconftest(
+        """
+        import pytest
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionfinish(session):
+            print("modes at session end:", len(_get_current_dispatch_mode_stack()))
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest, torch
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        def modes():
+            return len(_get_current_dispatch_mode_stack())
+
+        def test_measured_first(vram):
+            assert modes() == 1
+
+        def test_measured_next(vram):
+            assert modes() == 1
+
+        def test_unmeasured():
+            assert modes() == 0
+
+        def test_measured_again(vram):
+            assert modes() == 1
+
+        @pytest.mark.max_vram("lots")
+        def test_usage_error():
+            pass
+
+        def test_unmeasured_after_the_error():
+            assert modes() == 0
+
+        def test_measured_last(vram):
+            assert modes() == 1
+        """
+    )
+    result = pytester.runpytest(CPU, "-s")
+    result.assert_outcomes(passed=6, errors=1)
+    result.stdout.fnmatch_lines(["*modes at session end: 0*"])
+
+
+def test_measured_tests_carry_junit_properties_only_into_junitxml(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_measured(vram, request):
+            x = torch.ones(10)
+
+        def test_last(request):
+            previous = request.session.items[0]
+            print("properties:", [name for name, _ in previous.user_properties])
+        """
+    )
+    result = pytester.runpytest(CPU, "-s")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*properties: []*"])
+    result = pytester.runpytest(CPU, "-s", "--junitxml=out.xml")
+    result.stdout.fnmatch_lines(["*properties: ['vram_backend', 'vram_device', *"])
+
+
 def test_disabled_with_p_no_vram(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("-p", "no:vram", "--vram-report")

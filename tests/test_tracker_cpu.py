@@ -19,7 +19,7 @@ def cpu() -> Iterator[CpuBackend]:
     try:
         yield backend
     finally:
-        backend.end_test()
+        backend.close()
 
 
 def test_backend_identity() -> None:
@@ -189,6 +189,7 @@ def test_tensors_created_while_no_test_runs_are_not_counted() -> None:
         assert backend.allocated() == 512
     finally:
         backend.end_test()
+        backend.pause()  # what the plugin does before anything but a measured cpu test runs
     between = torch.ones(4096)
     assert backend.allocated() == 512
     backend.begin_test()
@@ -199,7 +200,7 @@ def test_tensors_created_while_no_test_runs_are_not_counted() -> None:
         del kept
         assert backend.allocated() == 0  # frees are seen between tests too
     finally:
-        backend.end_test()
+        backend.close()
 
 
 @pytest.mark.parametrize(
@@ -222,7 +223,28 @@ def test_touching_a_tensor_made_before_the_test_allocates_nothing(
         assert backend.allocated() == 0
         assert backend.peak_allocated() == 0
     finally:
+        backend.close()
+
+
+def test_watching_goes_on_after_end_test_until_pause() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    backend = CpuBackend()
+    backend.begin_test()
+    backend.end_test()
+    try:
+        assert backend.tracker.mode in _get_current_dispatch_mode_stack()
+        kept = torch.ones(256)  # between two measured tests: still counted
+        backend.begin_test()  # the next measured test does not push a second mode
+        assert _get_current_dispatch_mode_stack().count(backend.tracker.mode) == 1
+        assert backend.allocated() == 1024
         backend.end_test()
+    finally:
+        backend.pause()
+    assert backend.tracker.mode not in _get_current_dispatch_mode_stack()
+    backend.pause()  # pausing twice is harmless
+    del kept
+    assert backend.allocated() == 0
 
 
 def _workload() -> torch.Tensor:

@@ -35,10 +35,14 @@ class Backend:
         return None
 
     def begin_test(self) -> None:
-        """Start watching allocations for one test."""
+        """Start watching allocations for one test (or go on watching, after ``end_test``)."""
 
     def end_test(self) -> None:
-        """Stop watching allocations; the test is over."""
+        """The test is over. A backend may go on watching until :meth:`pause`, so that a run of
+        measured tests does not pay for stopping and starting between each two of them."""
+
+    def pause(self) -> None:
+        """Stop watching: what runs next is not a measured test on this backend."""
 
     def allocated(self) -> int:
         raise NotImplementedError
@@ -79,3 +83,4 @@ class Backend:
 
     def close(self) -> None:
         """Release what the backend holds for the session (threads, handles)."""
+        self.pause()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
@@ -12,8 +13,8 @@ from pytest_vram.backends.tracker import StorageTracker
 __all__ = ["CpuBackend"]
 
 
-def _is_cpu(tensor: torch.Tensor) -> bool:
-    return tensor.is_cpu  # a C attribute: Tensor.device builds a new object on every read
+# A C attribute read from C: Tensor.device builds a new object on every read.
+_is_cpu = operator.attrgetter("is_cpu")
 
 
 class CpuBackend(Backend):
@@ -44,6 +45,11 @@ class CpuBackend(Backend):
             self._active = True
 
     def end_test(self) -> None:
+        # The mode stays pushed: entering and leaving it for every test would cost more than
+        # the test's own dispatches when tests are small. pause() pops it.
+        pass
+
+    def pause(self) -> None:
         if self._active:
             self._active = False
             self.tracker.mode.__exit__(None, None, None)

@@ -88,10 +88,10 @@ class StorageTracker:
     """Live storage bytes, their peak, and a hook on every allocation.
 
     ``counts(tensor)`` decides which storages belong to the measured device, ``size_of(nbytes)``
-    maps a storage's bytes to what the device would hand out, ``on_allocate(nbytes)`` runs
-    before a new storage is counted, and ``allocator`` (optional) is told of every allocation
-    and free, in order, so that it can model how the device caches memory; either may raise
-    to refuse the allocation (the simulated device's out-of-memory).
+    maps a storage's bytes to what the device would hand out (None: the bytes themselves),
+    ``on_allocate(nbytes)`` runs before a new storage is counted, and ``allocator`` (optional)
+    is told of every allocation and free, in order, so that it can model how the device caches
+    memory; either may raise to refuse the allocation (the simulated device's out-of-memory).
 
     With ``count_unseen_aliases=False``, an op output that aliases one of the op's inputs (a
     view, an in-place or an ``out=`` result) never registers a storage the tracker has not
@@ -102,7 +102,7 @@ class StorageTracker:
     def __init__(
         self,
         counts: Callable[[torch.Tensor], bool],
-        size_of: Callable[[int], int] = lambda n: n,
+        size_of: Callable[[int], int] | None = None,
         on_allocate: Callable[[int], None] | None = None,
         allocator: Allocator | None = None,
         count_unseen_aliases: bool = True,
@@ -153,11 +153,12 @@ class StorageTracker:
         record = getattr(storage, self._key, None)
         if record is _IGNORED or (record is None and not register):
             return
-        size = self._size_of(storage.nbytes())
+        size = storage.nbytes() if self._size_of is None else self._size_of(storage.nbytes())
         if record is not None and record.size == size:
             return
         with self._lock:
-            self._apply_releases()
+            if self._released:
+                self._apply_releases()
             if record is None:
                 self._register(storage, size)
             else:
@@ -234,8 +235,10 @@ class _TrackingMode(TorchDispatchMode):
     def __init__(self, tracker: StorageTracker) -> None:
         super().__init__()
         self.tracker = tracker
+        self._observe_output = tracker.observe_output
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        out = func(*args, **(kwargs or {}))
-        self.tracker.observe_output(func, out)
+        # func._op skips OpOverload.__call__'s Python frame: this runs for every op.
+        out = func._op(*args, **kwargs) if kwargs else func._op(*args)
+        self._observe_output(func, out)
         return out
