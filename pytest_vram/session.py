@@ -43,11 +43,18 @@ RECORD = pytest.StashKey[TestRecord]()
 class Verdict:
     """What the call phase decided about memory."""
 
-    __slots__ = ("messages", "raised", "status")
+    __slots__ = ("exception", "messages", "raised", "status")
 
-    def __init__(self, status: str | None = None, raised: bool = False) -> None:
+    def __init__(
+        self,
+        status: str | None = None,
+        raised: bool = False,
+        exception: BaseException | None = None,
+    ) -> None:
         self.status = status
         self.raised = raised
+        #: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
+        self.exception = exception
         self.messages: list[str] = []
 
 
@@ -147,11 +154,18 @@ class VramSession:
     # up, and a skip or failure raised here passes through the other plugins' wrappers.
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
-        if item.stash.get(MEASURED, False):
-            self._begin(item)
-        else:
+        if not item.stash.get(MEASURED, False):
             self._pause_backends()
-        return (yield)
+            return (yield)
+        self._begin(item)
+        try:
+            return (yield)
+        except pytest.skip.Exception as exc:  # a skip or skipif marker, or a fixture's skip
+            item.stash[VERDICT] = Verdict(status="skipped", exception=exc)
+            raise
+        except BaseException as exc:
+            item.stash[VERDICT] = Verdict(status="failed", raised=True, exception=exc)
+            raise
 
     def _pause_backends(self, keep: Backend | None = None) -> None:
         """Backends may go on watching after a test ends; stop all (but ``keep``) before other
@@ -202,9 +216,15 @@ class VramSession:
         verdict = item.stash[VERDICT] = Verdict()
         try:
             result = yield
+        except pytest.skip.Exception as exc:
+            measurement.finish_call()
+            verdict.status = "skipped"
+            verdict.exception = exc
+            raise
         except BaseException as exc:
             measurement.finish_call()
             verdict.raised = True
+            verdict.exception = exc
             self._check_budgets(item, measurement, verdict)
             self._on_error(item, measurement, exc, verdict)
             raise
@@ -330,18 +350,18 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         verdict = item.stash.get(VERDICT, None)
-        if verdict is None:  # setup failed: the call never ran
-            measurement.finish_call()
-            verdict = Verdict(status="failed", raised=True)
-        last_value = getattr(sys, "last_value", None)
-        if verdict.raised and last_value is not None:
-            # The failed call's frames still hold its tensors, through pytest's post-mortem
-            # references (which pytest drops only in the next test's call). Drop them now, and
-            # the frames' locals, so that the next test starts clean.
-            release_frames(last_value)
-            for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-                if hasattr(sys, name):
-                    delattr(sys, name)
+        if verdict is None:  # the call never ran (--setup-only, --setup-plan)
+            verdict = Verdict(status="skipped")
+        if verdict.exception is not None:
+            # The frames of a failed or skipped test still hold its tensors, through the
+            # exception pytest keeps for the report and, after a failed call, for post-mortem
+            # debugging (sys.last_value, dropped only in the next test's call). Drop those
+            # references and clear the frames, so that the next test starts clean.
+            release_frames(verdict.exception)
+            if getattr(sys, "last_value", None) is verdict.exception:
+                for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+                    if hasattr(sys, name):
+                        delattr(sys, name)
         # pytest drops the test's fixture values only after the teardown report; drop them now,
         # or what the test's function-scoped fixtures held would count as left over.
         funcargs = getattr(item, "funcargs", None)
@@ -350,7 +370,10 @@ class VramSession:
         measurement.end()
         record = measurement.record
         self.last_end[record.backend] = record.end_allocated
-        record.outcome = "failed" if verdict.raised else "passed"
+        if verdict.status == "skipped":
+            record.outcome = "skipped"
+        else:
+            record.outcome = "failed" if verdict.raised else "passed"
         record.status = verdict.status or ("failed" if verdict.raised else "ok")
         record.messages = verdict.messages + record.messages
         if self.junit_properties:

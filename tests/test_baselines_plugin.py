@@ -271,3 +271,39 @@ def test_xdist_writes_the_file_a_serial_run_writes(pytester: pytest.Pytester) ->
     regressed = pytester.runpytest_subprocess(CPU, "-n", "2", "-p", "xdist", "--vram-report")
     regressed.assert_outcomes(passed=9, failed=3)
     regressed.stdout.fnmatch_lines(["12 measured tests: 3 regression, 9 ok"])
+
+
+def test_skipped_tests_are_reported_skipped_and_never_stored(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_skips="""
+        import pytest, torch
+
+        @pytest.mark.skip(reason="not today")
+        def test_marked():
+            pass
+
+        def test_skips_itself():
+            x = torch.ones(256)
+            pytest.skip("after allocating")
+
+        @pytest.fixture
+        def skipping_fixture():
+            pytest.skip("from a fixture")
+
+        def test_fixture_skips(skipping_fixture):
+            pass
+
+        def test_runs():
+            x = torch.ones(256)
+        """
+    )
+    result = pytester.runpytest(CPU, "--vram-report", "--vram-update-baselines")
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(["*4 measured tests: 1 ok, 3 skipped*"])
+    result.stdout.no_fnmatch_line("*failed*")
+    # The frames of a test that skipped itself are released: nothing is left over, and the
+    # next tests start from nothing.
+    result.stdout.fnmatch_lines(["test_skips.py::test_skips_itself * 1.00 KiB * 0 B * skipped"])
+    result.stdout.fnmatch_lines(["test_skips.py::test_runs * 1.00 KiB * 1.00 KiB * 0 B * ok"])
+    entries = baseline(pytester)["tests"]
+    assert list(entries) == ["test_skips.py::test_runs"]
