@@ -20,7 +20,7 @@ import torch
 from pytest_vram import __version__
 from pytest_vram.backends import Backend, BackendUnavailable, create_backend, resolve_name
 from pytest_vram.baselines import BaselineStore, compare
-from pytest_vram.marks import MARKERS, MarkerError, VramMarks, read_marks
+from pytest_vram.marks import MarkerError, VramMarks, read_marks
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.options import Settings
 from pytest_vram.records import BudgetResult, TestRecord
@@ -33,9 +33,10 @@ from pytest_vram.writer import BaselineWriter, write_outputs
 __all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
-MEASURED = pytest.StashKey[bool]()
 MEASUREMENT = pytest.StashKey[TestMeasurement]()
+# Set on the tests that are measured: their parsed markers.
 MARKS = pytest.StashKey[VramMarks]()
+MARKER_ERROR = pytest.StashKey[MarkerError]()
 VERDICT = pytest.StashKey["Verdict"]()
 RECORD = pytest.StashKey[TestRecord]()
 
@@ -129,13 +130,24 @@ class VramSession:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         # tryfirst: the full collection, before -k/-m deselect, tells stale baseline entries.
         self.collected = {item.nodeid for item in items}
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After every plugin's modifyitems, so that the markers they add count. Reading them
+        # here, once, also keeps the parsing out of each test's setup.
         measure_all = self.settings.report or self.settings.update_baselines
-        for item in items:
-            item.stash[MEASURED] = (
+        for item in session.items:
+            try:
+                marks, invalid = read_marks(list(item.iter_markers())), False
+            except MarkerError as exc:
+                item.stash[MARKER_ERROR] = exc  # the test's setup reports it, naming the test
+                marks, invalid = VramMarks(), True
+            if (
                 measure_all
-                or any(item.get_closest_marker(name) for name in MARKERS)
-                or bool(VRAM_FIXTURES.intersection(getattr(item, "fixturenames", ())))
-            )
+                or invalid
+                or marks.any
+                or not VRAM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+            ):
+                item.stash[MARKS] = marks
 
     def backend(self, name: str) -> Backend:
         name = resolve_name(name)
@@ -154,10 +166,11 @@ class VramSession:
     # up, and a skip or failure raised here passes through the other plugins' wrappers.
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
-        if not item.stash.get(MEASURED, False):
+        marks = item.stash.get(MARKS, None)
+        if marks is None:  # not measured
             self._pause_backends()
             return (yield)
-        self._begin(item)
+        self._begin(item, marks)
         try:
             return (yield)
         except pytest.skip.Exception as exc:  # a skip or skipif marker, or a fixture's skip
@@ -174,9 +187,10 @@ class VramSession:
             if backend is not keep:
                 backend.pause()
 
-    def _begin(self, item: pytest.Item) -> None:
+    def _begin(self, item: pytest.Item, marks: VramMarks) -> None:
         try:
-            marks = read_marks(list(item.iter_markers()))
+            if MARKER_ERROR in item.stash:
+                raise item.stash[MARKER_ERROR]
             backend = self.backend(marks.backend or self.settings.backend)
         except (MarkerError, BackendUnavailable) as exc:
             problem = f"usage error in {item.nodeid}: {exc}"
@@ -196,7 +210,6 @@ class VramSession:
         measurement = TestMeasurement(backend, item.nodeid)
         self.snapshots.start(backend)
         measurement.begin()
-        item.stash[MARKS] = marks
         item.stash[MEASUREMENT] = measurement
 
     def _clean(self, backend: Backend) -> None:

@@ -133,6 +133,32 @@ def test_unmeasured_tests_run_as_without_the_plugin(pytester: pytest.Pytester) -
     assert junit_properties(pytester.path / "out.xml")["test_plain"] == {}
 
 
+def test_markers_added_by_a_conftest_hook_count(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                item.add_marker(pytest.mark.max_vram("4KiB"))
+        """
+    )
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_big():
+            x = torch.ones(2048)  # 8 KiB
+
+        def test_small():
+            x = torch.ones(16)
+        """
+    )
+    result = pytester.runpytest(CPU)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*peak allocated memory 8.00 KiB exceeds max_vram(4.00 KiB)*"])
+
+
 def test_no_dispatch_mode_outlives_the_measured_tests(pytester: pytest.Pytester) -> None:
     # The cpu backend keeps its dispatch mode pushed from one measured test to the next; an
     # unmeasured test and the end of the session pop it.
