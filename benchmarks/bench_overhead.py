@@ -1,7 +1,8 @@
 """Overhead of ``--vram-report`` on 1000 small torch tests (cpu backend) against plain pytest.
 
-Runs every variant in one invocation, alternating them in each round, and prints the median
-session times and the median of the per-round ratios to plain pytest:
+Runs every variant in one invocation, alternating them in each round (each round starting with
+another one), and prints the median session times and the median of the per-round ratios to
+plain pytest:
 
     python benchmarks/bench_overhead.py [--tests 1000] [--rounds 5]
 
@@ -22,38 +23,33 @@ import tempfile
 import time
 from pathlib import Path
 
-TEST_FILE = """
+from small_tests import PASS_THROUGH_MODE, TEST_FUNCTION
+
+TEST_FILE = (
+    """
 import pytest
 import torch
 
-@pytest.mark.parametrize("n", range({count}))
-def test_small(n):
-    x = torch.ones(64) * n
-    assert x.sum().item() == 64 * n
-"""
+@pytest.mark.parametrize("n", range({count}))"""
+    + TEST_FUNCTION
+)
 
 # Import torch before the session starts in every variant (the plugin imports it at start-up),
 # so that session times compare the tests, not torch's import.
-CONFTEST = """
+CONFTEST = (
+    """
 import os
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class PassThrough(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls):
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func._op(*args, **kwargs) if kwargs else func._op(*args)
-
+"""
+    + PASS_THROUGH_MODE
+    + """
 
 def pytest_sessionstart(session):
     if os.environ.get("BENCH_PASS_THROUGH_MODE"):
         PassThrough().__enter__()
 """
+)
 
 PLAIN = "plain pytest (-p no:vram)"
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -84,8 +80,11 @@ def main() -> None:
         (root / "conftest.py").write_text(CONFTEST)
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         walls: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        for _ in range(args.rounds):
-            for name, (extra, env) in VARIANTS.items():
+        names = list(VARIANTS)
+        for round_ in range(args.rounds):
+            # Each round starts with another variant: the first run after a pause is slower.
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                extra, env = VARIANTS[name]
                 started = time.perf_counter()
                 done = subprocess.run(
                     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra],

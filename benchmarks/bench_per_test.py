@@ -25,7 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-TEST_FILE = """
+from small_tests import PASS_THROUGH_MODE, TEST_FUNCTION
+
+TEST_FILE = (
+    """
 import pytest
 import torch
 
@@ -34,13 +37,12 @@ MEASURED = pytest.mark.vram_backend("cpu")
 
 @pytest.mark.parametrize(
     "n", [pytest.param(i, marks=MEASURED) if i // 100 % 2 == 0 else i for i in range({count})]
+)"""
+    + TEST_FUNCTION
 )
-def test_small(n):
-    x = torch.ones(64) * n
-    assert x.sum().item() == 64 * n
-"""
 
-CONFTEST = """
+CONFTEST = (
+    """
 import json
 import os
 import statistics
@@ -48,19 +50,11 @@ import time
 
 import pytest
 import torch  # noqa: F401
-from torch.utils._python_dispatch import TorchDispatchMode
-
+"""
+    + PASS_THROUGH_MODE
+    + """
 TIMES = {kind: {"protocol": [], "function": []} for kind in ("measured", "unmeasured")}
 PASS_THROUGH = bool(os.environ.get("BENCH_PASS_THROUGH_MODE"))
-
-
-class PassThrough(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls):
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func._op(*args, **kwargs) if kwargs else func._op(*args)
 
 
 def kind(item):
@@ -96,6 +90,7 @@ def pytest_unconfigure(config):
     with open(os.environ["BENCH_PER_TEST_OUT"], "w") as out:
         json.dump(medians, out)
 """
+)
 
 SESSIONS = {
     "--vram-backend=cpu on every other block": ([], {}),
