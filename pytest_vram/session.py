@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -41,22 +42,15 @@ VERDICT = pytest.StashKey["Verdict"]()
 RECORD = pytest.StashKey[TestRecord]()
 
 
+@dataclass
 class Verdict:
-    """What the call phase decided about memory."""
+    """What setup and the call decided about memory."""
 
-    __slots__ = ("exception", "messages", "raised", "status")
-
-    def __init__(
-        self,
-        status: str | None = None,
-        raised: bool = False,
-        exception: BaseException | None = None,
-    ) -> None:
-        self.status = status
-        self.raised = raised
-        #: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
-        self.exception = exception
-        self.messages: list[str] = []
+    status: str | None = None
+    raised: bool = False
+    #: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
+    exception: BaseException | None = None
+    messages: list[str] = field(default_factory=list)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
