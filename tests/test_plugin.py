@@ -215,7 +215,7 @@ def test_measured_tests_carry_junit_properties_only_into_junitxml(
         """
         import torch
 
-        def test_measured(vram, request):
+        def test_measured(vram):
             x = torch.ones(10)
 
         def test_last(request):
