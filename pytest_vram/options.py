@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vram.backends import BACKENDS
+from pytest_vram.backends import BACKENDS, CPU_COUNTERS
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
 
 __all__ = ["Settings", "add_options"]
@@ -28,6 +28,14 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help="what measures memory: cuda (the GPU), cpu (real CPU execution), sim (a simulated "
         "CUDA device), auto (cuda where available, else sim). Default: ini vram_backend, or auto",
+    )
+    group.addoption(
+        "--vram-cpu-counter",
+        choices=CPU_COUNTERS,
+        default=None,
+        help="how the cpu backend counts: allocator (inside PyTorch's CPU allocator, through a "
+        "small library compiled on first use), dispatch (from Python, slower, sees only op "
+        "outputs), auto (allocator where it builds). Default: ini vram_cpu_counter, or auto",
     )
     group.addoption(
         "--vram-sim-capacity",
@@ -92,6 +100,11 @@ def add_options(parser: pytest.Parser) -> None:
         "failing measured test into DIR (view it at https://pytorch.org/memory_viz)",
     )
     parser.addini("vram_backend", "default backend: auto, cuda, cpu or sim", default="auto")
+    parser.addini(
+        "vram_cpu_counter",
+        "how the cpu backend counts: auto, allocator or dispatch",
+        default="auto",
+    )
     parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
     parser.addini("vram_baseline_dir", "directory of the baseline files", default="baselines")
     parser.addini("vram_tolerance", "default tolerance against baselines", default="")
@@ -103,6 +116,7 @@ def add_options(parser: pytest.Parser) -> None:
 class Settings:
     report: bool
     backend: str
+    cpu_counter: str
     sim_capacity: int | None
     baseline_dir: Path
     tolerance: Tolerance
@@ -124,6 +138,12 @@ class Settings:
             raise pytest.UsageError(
                 f"vram_backend = {backend!r} is not a backend: expected one of "
                 f"{', '.join(BACKENDS)}"
+            )
+        cpu_counter = option("--vram-cpu-counter") or config.getini("vram_cpu_counter") or "auto"
+        if cpu_counter not in CPU_COUNTERS:
+            raise pytest.UsageError(
+                f"vram_cpu_counter = {cpu_counter!r} is not a cpu counter: expected one of "
+                f"{', '.join(CPU_COUNTERS)}"
             )
         capacity_text = option("--vram-sim-capacity") or config.getini("vram_sim_capacity")
         tolerance_text = (
@@ -150,6 +170,7 @@ class Settings:
         return cls(
             report=bool(option("--vram-report")),
             backend=backend,
+            cpu_counter=cpu_counter,
             sim_capacity=capacity,
             baseline_dir=baseline_dir,
             tolerance=tolerance,

@@ -40,6 +40,16 @@ MARKS = pytest.StashKey[VramMarks]()
 MARKER_ERROR = pytest.StashKey[MarkerError]()
 VERDICT = pytest.StashKey["Verdict"]()
 RECORD = pytest.StashKey[TestRecord]()
+# The environment a JUnit suite names in vram_env_* properties.
+_SUITE_ENVIRONMENT_KEYS = (
+    "backend",
+    "device",
+    "cpu_counter",
+    "torch",
+    "cuda",
+    "driver",
+    "total_memory",
+)
 
 
 @dataclass
@@ -146,7 +156,12 @@ class VramSession:
     def backend(self, name: str) -> Backend:
         name = resolve_name(name)
         if name not in self.backends:
-            backend = create_backend(name, sim_capacity=self.settings.sim_capacity)
+            backend = create_backend(
+                name,
+                cpu_counter=self.settings.cpu_counter,
+                sim_capacity=self.settings.sim_capacity,
+            )
+            self.notes += backend.notes()
             self.backends[name] = backend
             self.last_end[name] = backend.allocated()
             env = backend.environment()
@@ -459,7 +474,7 @@ class VramSession:
             return
         for name, environment in sorted(self.environments.items()):
             prefix = "vram_env" if len(self.environments) == 1 else f"vram_env_{name}"
-            for key in ("backend", "device", "torch", "cuda", "driver", "total_memory"):
+            for key in _SUITE_ENVIRONMENT_KEYS:
                 if environment.get(key) is not None:
                     xml.add_global_property(f"{prefix}_{key}", str(environment[key]))
 
@@ -468,8 +483,9 @@ class VramSession:
             return
         if self.settings.report:
             terminalreporter.write_sep("=", "vram report")
-            for line in terminal_lines(self.records, self.stale_entries()):
-                terminalreporter.write_line(line)
+            # One write: a line at a time costs milliseconds per thousand tests.
+            lines = terminal_lines(self.records, self.stale_entries())
+            terminalreporter.write("\n".join(lines) + "\n")
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
 

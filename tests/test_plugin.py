@@ -109,6 +109,46 @@ def test_bad_options_are_usage_errors(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--vram-tolerance*invalid tolerance '5x'*"])
     result = pytester.runpytest("--vram-sim-capacity=lots")
     result.stderr.fnmatch_lines(["*--vram-sim-capacity*invalid size 'lots'*"])
+    pytester.makeini("[pytest]\nvram_cpu_counter = fast\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*vram_cpu_counter = 'fast' is not a cpu counter: expected one of auto, allocator*"]
+    )
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_cpu_backend_counts_from_python_and_says_so(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine with no C++ compiler and nothing cached: the counting allocator cannot be built.
+    monkeypatch.setenv("PATH", str(pytester.mkdir("empty-bin")))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(pytester.path / "cache"))
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_counted(vram):
+            x = torch.ones(256, device=vram.device)
+        """
+    )
+    result = pytester.runpytest_subprocess(CPU, "--vram-report", "--vram-json=out.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_counted*cpu*1.00 KiB*",
+            "pytest-vram: cpu backend counts from Python*no C++ compiler found*",
+        ]
+    )
+    document = json.loads((pytester.path / "out.json").read_text())
+    assert document["environments"]["cpu"]["cpu_counter"] == "dispatch"
+
+    result = pytester.runpytest_subprocess(CPU, "--vram-cpu-counter=allocator")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*usage error in *test_counted: the cpu backend's allocator counter: no C++ compiler*"]
+    )
 
 
 def test_cuda_backend_without_a_gpu_is_a_clear_error(pytester: pytest.Pytester) -> None:
@@ -159,53 +199,66 @@ def test_markers_added_by_a_conftest_hook_count(pytester: pytest.Pytester) -> No
     result.stdout.fnmatch_lines(["*peak allocated memory 8.00 KiB exceeds max_vram(4.00 KiB)*"])
 
 
-def test_no_dispatch_mode_outlives_the_measured_tests(pytester: pytest.Pytester) -> None:
-    # The cpu backend keeps its dispatch mode pushed from one measured test to the next; an
-    # unmeasured test and the end of the session pop it.
+@pytest.mark.parametrize("counter", ["allocator", "dispatch"])
+def test_nothing_is_counted_outside_the_measured_tests(
+    pytester: pytest.Pytester, counter: str
+) -> None:
+    # The cpu backend goes on counting from one measured test to the next; an unmeasured test
+    # and the end of the session stop it (and pop the dispatch counter's mode).
     pytester.makeconftest(
         """
-        import pytest
+        import pytest, torch
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        def counts(config):
+            backend = config.pluginmanager.get_plugin("vram-session").backends["cpu"]
+            return backend.allocated(), backend.peak_allocated()
+
+        @pytest.fixture
+        def uncounted(request):
+            before = counts(request.config)
+            yield torch.ones(4096)
+            assert counts(request.config) == before
+            assert len(_get_current_dispatch_mode_stack()) == 0
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(session):
+            before = counts(session.config)
+            x = torch.ones(4096)
+            print("counted at session end:", counts(session.config) != before)
             print("modes at session end:", len(_get_current_dispatch_mode_stack()))
         """
     )
     pytester.makepyfile(
         """
         import pytest, torch
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        def modes():
-            return len(_get_current_dispatch_mode_stack())
 
         def test_measured_first(vram):
-            assert modes() == 1
+            x = torch.ones(10)
 
         def test_measured_next(vram):
-            assert modes() == 1
+            x = torch.ones(10)
 
-        def test_unmeasured():
-            assert modes() == 0
+        def test_unmeasured(uncounted):
+            pass
 
         def test_measured_again(vram):
-            assert modes() == 1
+            x = torch.ones(10)
 
         @pytest.mark.max_vram("lots")
         def test_usage_error():
             pass
 
-        def test_unmeasured_after_the_error():
-            assert modes() == 0
+        def test_unmeasured_after_the_error(uncounted):
+            pass
 
         def test_measured_last(vram):
-            assert modes() == 1
+            x = torch.ones(10)
         """
     )
-    result = pytester.runpytest(CPU, "-s")
+    result = pytester.runpytest(CPU, f"--vram-cpu-counter={counter}", "-s")
     result.assert_outcomes(passed=6, errors=1)
-    result.stdout.fnmatch_lines(["*modes at session end: 0*"])
+    result.stdout.fnmatch_lines(["*counted at session end: False*", "*modes at session end: 0*"])
 
 
 def test_measured_tests_carry_junit_properties_only_into_junitxml(

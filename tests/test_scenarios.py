@@ -81,6 +81,7 @@ def measurement() -> Iterator[TestMeasurement]:
         yield m
     finally:
         m.end()
+        m.backend.close()
 
 
 @pytest.fixture

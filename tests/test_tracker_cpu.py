@@ -1,4 +1,4 @@
-"""The cpu backend counts the bytes of live tensor storages exactly."""
+"""The cpu backend counts the bytes of live tensor storages exactly, with either counter."""
 
 from __future__ import annotations
 
@@ -8,13 +8,30 @@ import pytest
 import torch
 from torch import nn
 
+from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.cpu import CpuBackend
 from pytest_vram.measurement import TestMeasurement
 
+COUNTERS = ["allocator", "dispatch"]
+
+
+def open_backend(counter: str) -> CpuBackend:
+    """A cpu backend with ``counter``; skip the allocator counter only where no compiler is."""
+    if counter == "allocator" and cpu_allocator.find_compiler() is None:
+        pytest.skip("no C++ compiler here to build the allocator counter")
+    backend = CpuBackend(counter)
+    assert backend.counter.name == counter
+    return backend
+
+
+@pytest.fixture(params=COUNTERS)
+def counter(request: pytest.FixtureRequest) -> str:
+    return request.param
+
 
 @pytest.fixture
-def cpu() -> Iterator[CpuBackend]:
-    backend = CpuBackend()
+def cpu(counter: str) -> Iterator[CpuBackend]:
+    backend = open_backend(counter)
     backend.begin_test()
     try:
         yield backend
@@ -97,9 +114,9 @@ def test_del_frees(cpu: CpuBackend) -> None:
 
 def test_temporaries_are_freed(cpu: CpuBackend) -> None:
     x = torch.ones(256)
-    y = (x * 2 + 1).sum()
+    y = (x * x + x).sum()
     assert cpu.allocated() == 1024 + 4
-    # x, x * 2 and x * 2 + 1 at once; x * 2 is gone before the sum is taken.
+    # x, x * x and x * x + x at once; x * x is gone before the sum is taken.
     assert cpu.peak_allocated() == 3 * 1024
     del x, y
 
@@ -118,7 +135,7 @@ def test_resize_is_seen(cpu: CpuBackend) -> None:
 @pytest.mark.parametrize(
     "op",
     [
-        lambda x, y: x.add_(1),
+        lambda x, y: x.add_(y),
         lambda x, y: x.mul_(y),
         lambda x, y: x.zero_(),
         lambda x, y: x.copy_(y),
@@ -177,8 +194,8 @@ def test_other_devices_are_not_counted(cpu: CpuBackend) -> None:
     del meta
 
 
-def test_tensors_created_while_no_test_runs_are_not_counted() -> None:
-    backend = CpuBackend()
+def test_tensors_created_while_no_test_runs_are_not_counted(counter: str) -> None:
+    backend = open_backend(counter)
     before = torch.ones(1024)
     backend.begin_test()
     try:
@@ -206,16 +223,16 @@ def test_tensors_created_while_no_test_runs_are_not_counted() -> None:
 @pytest.mark.parametrize(
     "op",
     [
-        lambda x: x.add_(1),
+        lambda x: x.add_(x),
         lambda x: x.view(32, 32),
-        lambda x: torch.mul(x, 2, out=x),
+        lambda x: torch.mul(x, x, out=x),
     ],
     ids=["in-place", "view", "out"],
 )
 def test_touching_a_tensor_made_before_the_test_allocates_nothing(
-    op: Callable[[torch.Tensor], object],
+    counter: str, op: Callable[[torch.Tensor], object]
 ) -> None:
-    backend = CpuBackend()
+    backend = open_backend(counter)
     before = torch.ones(1024)
     backend.begin_test()
     try:
@@ -226,25 +243,38 @@ def test_touching_a_tensor_made_before_the_test_allocates_nothing(
         backend.close()
 
 
-def test_watching_goes_on_after_end_test_until_pause() -> None:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    backend = CpuBackend()
+def test_counting_goes_on_after_end_test_until_pause(counter: str) -> None:
+    backend = open_backend(counter)
     backend.begin_test()
     backend.end_test()
     try:
-        assert backend.tracker.mode in _get_current_dispatch_mode_stack()
         kept = torch.ones(256)  # between two measured tests: still counted
-        backend.begin_test()  # the next measured test does not push a second mode
-        assert _get_current_dispatch_mode_stack().count(backend.tracker.mode) == 1
+        backend.begin_test()  # the next measured test goes on counting
         assert backend.allocated() == 1024
         backend.end_test()
     finally:
         backend.pause()
-    assert backend.tracker.mode not in _get_current_dispatch_mode_stack()
+    unseen = torch.ones(512)  # paused: not counted
+    assert backend.allocated() == 1024
     backend.pause()  # pausing twice is harmless
-    del kept
+    del kept, unseen
     assert backend.allocated() == 0
+
+
+def test_the_dispatch_counter_pushes_one_mode_until_pause() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    backend = CpuBackend("dispatch")
+    mode = backend.counter.tracker.mode
+    backend.begin_test()
+    backend.end_test()
+    try:
+        assert mode in _get_current_dispatch_mode_stack()
+        backend.begin_test()  # the next measured test does not push a second mode
+        assert _get_current_dispatch_mode_stack().count(mode) == 1
+    finally:
+        backend.pause()
+    assert mode not in _get_current_dispatch_mode_stack()
 
 
 def _workload() -> torch.Tensor:
@@ -266,11 +296,14 @@ def _measure(backend: CpuBackend) -> tuple[int, int, int]:
     return m.record.start_allocated, m.record.peak_allocated, m.record.end_allocated
 
 
-def test_same_bytes_on_repeated_runs() -> None:
-    backend = CpuBackend()
+def test_same_bytes_on_repeated_runs(counter: str) -> None:
+    backend = open_backend(counter)
     first = _measure(backend)
     second = _measure(backend)
-    third = _measure(CpuBackend())
+    backend.close()
+    other = open_backend(counter)
+    third = _measure(other)
+    other.close()
     assert first == second == third
     start, peak, end = first
     assert start == 0

@@ -8,9 +8,20 @@ import torch
 
 from pytest_vram.backends.base import Backend, BackendUnavailable
 
-__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "create_backend", "resolve_name"]
+__all__ = [
+    "BACKENDS",
+    "CPU_COUNTERS",
+    "Backend",
+    "BackendUnavailable",
+    "create_backend",
+    "resolve_name",
+]
 
 BACKENDS = ("auto", "cuda", "cpu", "sim")
+#: How the cpu backend counts: ``allocator`` inside PyTorch's CPU allocator (a small library
+#: compiled once), ``dispatch`` from Python by watching every op, ``auto`` the first where it
+#: can be built.
+CPU_COUNTERS = ("auto", "allocator", "dispatch")
 
 
 def resolve_name(name: str) -> str:
@@ -26,7 +37,7 @@ def create_backend(name: str, **options: Any) -> Backend:
     if name == "cpu":
         from pytest_vram.backends.cpu import CpuBackend
 
-        return CpuBackend()
+        return CpuBackend(counter=options.get("cpu_counter") or "auto")
     if name == "cuda":
         from pytest_vram.backends.cuda import CudaBackend
 

@@ -78,6 +78,10 @@ class Backend:
         """A message to report instead of ``exc`` when the backend caused it, else None."""
         return None
 
+    def notes(self) -> list[str]:
+        """What the run's summary should say about this backend (a fallback it took)."""
+        return []
+
     def environment(self) -> dict[str, Any]:
         return {"backend": self.name, "device": self.device_class, "torch": str(torch.__version__)}
 
