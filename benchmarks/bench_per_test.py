@@ -4,12 +4,13 @@ Runs a pytest session of small torch tests (the ones ``bench_overhead.py`` uses)
 100, where the tests of every other block are measured (``vram_backend("cpu")``) and the others
 are not. Both kinds share the session, so the machine's drift between runs does not enter the
 comparison. Prints the median time per test of each kind, split into the test function itself
-(where the cpu backend's dispatch mode sees each op) and the rest of pytest's protocol (where
+(where the counter sees each allocation, or each op) and the rest of pytest's protocol (where
 the plugin starts, judges and finishes the measurement).
 
-A second session does the same without the plugin, pushing a pass-through ``TorchDispatchMode``
-around the test functions of every other block: what PyTorch charges for handing each op to
-Python, the floor under the cpu backend's counting.
+Sessions: the cpu backend with its default counter (inside PyTorch's CPU allocator), with the
+dispatch counter (a ``TorchDispatchMode``), and, without the plugin, a pass-through
+``TorchDispatchMode`` around the test functions of every other block: what PyTorch charges for
+handing each op to Python, the floor under the dispatch counter.
 
     python benchmarks/bench_per_test.py [--tests 4000] [--runs 3]
 """
@@ -93,7 +94,8 @@ def pytest_unconfigure(config):
 )
 
 SESSIONS = {
-    "--vram-backend=cpu on every other block": ([], {}),
+    "cpu backend, allocator counter, on every other block": (["--vram-cpu-counter=allocator"], {}),
+    "cpu backend, dispatch counter, on every other block": (["--vram-cpu-counter=dispatch"], {}),
     "pass-through mode on every other block, no plugin": (
         ["-p", "no:vram"],
         {"BENCH_PASS_THROUGH_MODE": "1"},

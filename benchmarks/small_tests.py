@@ -11,7 +11,7 @@ def test_small(n):
 """
 
 # Hands every op on unchanged: what PyTorch charges for handing each op to Python, the floor
-# under the cpu backend, which counts storages from such a mode.
+# under the cpu backend's dispatch counter, which counts storages from such a mode.
 PASS_THROUGH_MODE = """
 from torch.utils._python_dispatch import TorchDispatchMode
 

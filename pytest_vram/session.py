@@ -411,6 +411,9 @@ class VramSession:
         data = getattr(report, "vram_record", None)
         if report.when == "teardown" and data is not None:
             self._collect(TestRecord.from_dict(data), getattr(report, "vram_environment", None))
+            for note in getattr(report, "vram_notes", ()):
+                if note not in self.notes:
+                    self.notes.append(note)
 
     def _collect(self, record: TestRecord, environment: dict[str, Any] | None) -> None:
         self.records.append(record)
@@ -445,6 +448,8 @@ class VramSession:
         if self.is_worker:
             return
         self._add_suite_properties()
+        if not self.settings.update_baselines:
+            self.notes += self._counter_changes()
         writer = BaselineWriter(self.store, self.environments)
         if self.settings.update_baselines:
             writer.update(self.records)
@@ -463,6 +468,21 @@ class VramSession:
             os.environ.get("GITHUB_STEP_SUMMARY"),
         )
         self.notes += self.snapshots.notes()
+
+    def _counter_changes(self) -> list[str]:
+        """Baselines measured with the other cpu counter: their peaks are not this run's kind."""
+        notes = []
+        for environment in self.environments.values():
+            stored = self.store.files.get(environment.get("device", ""))
+            then = stored.environment.get("cpu_counter") if stored is not None else None
+            now = environment.get("cpu_counter")
+            if then and now and then != now:
+                notes.append(
+                    f"the baselines in {stored.path.name} were measured with the {then} cpu "
+                    f"counter and this run counts with the {now} counter: their peaks differ by "
+                    "what kernels allocate for themselves (--vram-cpu-counter chooses)"
+                )
+        return notes
 
     def _add_suite_properties(self) -> None:
         try:
@@ -505,4 +525,5 @@ class WorkerReports:
             # Plain data: pytest-xdist serialises the report, attributes included.
             report.vram_record = record.to_dict()
             report.vram_environment = self.session.environments.get(record.backend, {})
+            report.vram_notes = list(self.session.notes)
         return report

@@ -307,3 +307,21 @@ def test_skipped_tests_are_reported_skipped_and_never_stored(pytester: pytest.Py
     result.stdout.fnmatch_lines(["test_skips.py::test_runs * 1.00 KiB * 1.00 KiB * 0 B * ok"])
     entries = baseline(pytester)["tests"]
     assert list(entries) == ["test_skips.py::test_runs"]
+
+
+def test_baselines_of_the_other_cpu_counter_are_named_in_the_summary(
+    pytester: pytest.Pytester,
+) -> None:
+    write_tests(pytester)
+    pytester.runpytest(CPU, "--vram-update-baselines", "--vram-cpu-counter=allocator")
+    assert baseline(pytester)["environment"]["cpu_counter"] == "allocator"
+    result = pytester.runpytest(CPU, "--vram-cpu-counter=dispatch")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-vram: the baselines in cpu.yaml were measured with the allocator cpu counter "
+            "and this run counts with the dispatch counter*"
+        ]
+    )
+    same = pytester.runpytest(CPU, "--vram-cpu-counter=allocator")
+    assert "cpu counter" not in same.stdout.str()

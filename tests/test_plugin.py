@@ -144,6 +144,11 @@ def test_without_a_compiler_the_cpu_backend_counts_from_python_and_says_so(
     document = json.loads((pytester.path / "out.json").read_text())
     assert document["environments"]["cpu"]["cpu_counter"] == "dispatch"
 
+    # Under pytest-xdist the note comes from a worker and still reaches the summary.
+    result = pytester.runpytest_subprocess(CPU, "-p", "xdist", "-n", "2", "--vram-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["pytest-vram: cpu backend counts from Python*no C++ compiler*"])
+
     result = pytester.runpytest_subprocess(CPU, "--vram-cpu-counter=allocator")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
