@@ -1,29 +1,36 @@
 """Overhead of ``--vram-report`` on 1000 small torch tests (cpu backend) against plain pytest.
 
-Runs every variant in one invocation, alternating them in each round (each round starting with
-another one), and prints the median session times, the median of the per-round ratios to plain
-pytest, and the ratio of the medians:
+Runs whole pytest sessions of the same 1000 tests, one after another in this one process (torch
+and the test module are imported once, before the first), alternating the variants in each round
+and starting each round with another one. Prints each variant's median session time (collection,
+the tests and the report), the median of its per-round ratios to plain pytest, and the ratio of
+the median times:
 
-    python benchmarks/bench_overhead.py [--tests 1000] [--rounds 20]
+    python benchmarks/bench_overhead.py [--tests 1000] [--rounds 30]
 
 The cpu backend counts inside PyTorch's CPU allocator by default; one variant runs it with the
 dispatch counter (a ``TorchDispatchMode`` that sees every op) instead, and one pushes a
 pass-through ``TorchDispatchMode`` for the whole session without the plugin: what PyTorch charges
 for handing every op to Python, the floor under the dispatch counter.
+
+Sessions in one process, seconds apart, share the machine's state: on a shared machine whose
+speed drifts over minutes, separate processes make the comparison much noisier.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import pytest
+import torch  # noqa: F401  (imported before the first session, as in every later one)
 from small_tests import PASS_THROUGH_MODE, TEST_FUNCTION
 
 TEST_FILE = (
@@ -35,8 +42,6 @@ import torch
     + TEST_FUNCTION
 )
 
-# Import torch before the session starts in every variant (the plugin imports it at start-up),
-# so that session times compare the tests, not torch's import.
 CONFTEST = (
     """
 import os
@@ -45,10 +50,18 @@ import torch
 """
     + PASS_THROUGH_MODE
     + """
+_MODE = []
+
 
 def pytest_sessionstart(session):
     if os.environ.get("BENCH_PASS_THROUGH_MODE"):
-        PassThrough().__enter__()
+        _MODE.append(PassThrough())
+        _MODE[-1].__enter__()
+
+
+def pytest_unconfigure(config):
+    while _MODE:
+        _MODE.pop().__exit__(None, None, None)
 """
 )
 
@@ -65,54 +78,50 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 
 
-def session_seconds(output: str) -> float:
-    """pytest's own 'N passed in X.XXs': the session, without interpreter start-up."""
-    match = re.search(r"passed in ([0-9.]+)s", output)
-    if match is None:
-        raise RuntimeError(f"no pytest summary in:\n{output[-2000:]}")
-    return float(match.group(1))
+def run_session(args: list[str], env: dict[str, str]) -> float:
+    """Seconds for one pytest session in this process; its output is discarded."""
+    os.environ.update(env)
+    output = io.StringIO()
+    try:
+        started = time.perf_counter()
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            code = pytest.main(["-q", "-p", "no:cacheprovider", *args])
+        seconds = time.perf_counter() - started
+    finally:
+        for name in env:
+            del os.environ[name]
+    if code != 0:
+        raise RuntimeError(f"pytest {' '.join(args)} exited {code}:\n{output.getvalue()[-2000:]}")
+    return seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / "test_many.py").write_text(TEST_FILE.format(count=args.tests))
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "conftest.py").write_text(CONFTEST)
+        os.chdir(root)
+        sys.path.insert(0, str(root))
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        walls: dict[str, list[float]] = {name: [] for name in VARIANTS}
         names = list(VARIANTS)
+        for name in names:  # imports the tests, the plugin's modules, and builds what it builds
+            run_session(*VARIANTS[name])
         for round_ in range(args.rounds):
-            # Each round starts with another variant: the first run after a pause is slower.
+            # Each round starts with another variant.
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-                extra, env = VARIANTS[name]
-                started = time.perf_counter()
-                done = subprocess.run(
-                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra],
-                    cwd=root,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    env={**os.environ, **env},
-                )
-                walls[name].append(time.perf_counter() - started)
-                times[name].append(session_seconds(done.stdout))
-    print(f"{args.tests} tests, {args.rounds} rounds: median session and wall time; the median")
-    print("of the per-round ratios to plain pytest, and the ratio of the median session times")
+                times[name].append(run_session(*VARIANTS[name]))
+    print(f"{args.tests} tests, {args.rounds} rounds of sessions in one process: median session")
+    print("time; the median of the per-round ratios to plain pytest; the ratio of the medians")
     for name in VARIANTS:
-        # The machine's speed drifts between rounds; a ratio within one round does not.
         ratio = statistics.median(a / b for a, b in zip(times[name], times[PLAIN], strict=True))
         session = statistics.median(times[name])
-        wall = statistics.median(walls[name])
         of_medians = session / statistics.median(times[PLAIN])
-        print(
-            f"  {name:<40} {session:6.2f} s  {wall:6.2f} s  "
-            f"ratio {ratio:.3f}x  of medians {of_medians:.3f}x"
-        )
+        print(f"  {name:<40} {session:6.3f} s  ratio {ratio:.3f}x  of medians {of_medians:.3f}x")
 
 
 if __name__ == "__main__":
