@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import statistics
 import sys
@@ -44,24 +45,45 @@ import torch
 
 CONFTEST = (
     """
+import json
 import os
+import time
 
 import torch
 """
     + PASS_THROUGH_MODE
     + """
 _MODE = []
+_TIMES = {}
 
 
 def pytest_sessionstart(session):
+    _TIMES.clear()
+    _TIMES["start"] = time.perf_counter()
     if os.environ.get("BENCH_PASS_THROUGH_MODE"):
         _MODE.append(PassThrough())
         _MODE[-1].__enter__()
 
 
+def pytest_runtest_logstart(nodeid, location):
+    _TIMES.setdefault("first", time.perf_counter())
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _TIMES["last"] = time.perf_counter()
+
+
 def pytest_unconfigure(config):
     while _MODE:
         _MODE.pop().__exit__(None, None, None)
+    end = time.perf_counter()
+    phases = {
+        "collection": _TIMES["first"] - _TIMES["start"],
+        "tests": _TIMES["last"] - _TIMES["first"],
+        "summary": end - _TIMES["last"],
+    }
+    with open(os.environ["BENCH_PHASES_OUT"], "w") as out:
+        json.dump(phases, out)
 """
 )
 
@@ -78,8 +100,12 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 
 
+PHASES = ("collection", "tests", "summary")
+
+
 def run_session(args: list[str], env: dict[str, str]) -> float:
-    """Seconds for one pytest session in this process; its output is discarded."""
+    """Seconds for one pytest session in this process; its output is discarded, the seconds of
+    its phases go to the file $BENCH_PHASES_OUT names."""
     os.environ.update(env)
     output = io.StringIO()
     try:
@@ -107,7 +133,11 @@ def main() -> None:
         (root / "conftest.py").write_text(CONFTEST)
         os.chdir(root)
         sys.path.insert(0, str(root))
+        os.environ["BENCH_PHASES_OUT"] = str(root / "phases.json")
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        phases: dict[str, dict[str, list[float]]] = {
+            name: {phase: [] for phase in PHASES} for name in VARIANTS
+        }
         names = list(VARIANTS)
         for name in names:  # imports the tests, the plugin's modules, and builds what it builds
             run_session(*VARIANTS[name])
@@ -115,6 +145,8 @@ def main() -> None:
             # Each round starts with another variant.
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 times[name].append(run_session(*VARIANTS[name]))
+                for phase, seconds in json.loads((root / "phases.json").read_text()).items():
+                    phases[name][phase].append(seconds)
     print(f"{args.tests} tests, {args.rounds} rounds of sessions in one process: median session")
     print("time; the median of the per-round ratios to plain pytest; the ratio of the medians")
     for name in VARIANTS:
@@ -122,6 +154,10 @@ def main() -> None:
         session = statistics.median(times[name])
         of_medians = session / statistics.median(times[PLAIN])
         print(f"  {name:<40} {session:6.3f} s  ratio {ratio:.3f}x  of medians {of_medians:.3f}x")
+    print("median milliseconds per phase: collection, the tests, the summary after the last test")
+    for name in VARIANTS:
+        cells = "".join(f"{statistics.median(phases[name][p]) * 1e3:10.1f}" for p in PHASES)
+        print(f"  {name:<40}{cells}")
 
 
 if __name__ == "__main__":
