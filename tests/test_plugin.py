@@ -7,6 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from pytest_vram.backends.cpu_allocator import find_compiler
+
 CPU = "--vram-backend=cpu"
 
 
@@ -115,6 +117,30 @@ def test_bad_options_are_usage_errors(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(
         ["*vram_cpu_counter = 'fast' is not a cpu counter: expected one of auto, allocator*"]
     )
+
+
+@pytest.mark.slow
+def test_xdist_workers_build_the_counter_into_an_empty_cache_together(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if find_compiler() is None:
+        pytest.skip("no C++ compiler to build the counter")
+    cache = pytester.path / "cache"
+    monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(cache))
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.parametrize("n", range(4))
+        def test_counted(vram, n):
+            x = torch.ones(256, device=vram.device)
+        """
+    )
+    result = pytester.runpytest_subprocess(CPU, "-p", "xdist", "-n", "2", "--vram-report")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*test_counted?0?*cpu*1.00 KiB*"])
+    assert "counts from Python" not in result.stdout.str()
+    assert [path.suffix for path in cache.iterdir()] == [".so"]  # one library, no partial files
 
 
 @pytest.mark.slow
