@@ -167,6 +167,16 @@ def test_the_library_is_built_once_into_the_cache(
 
 
 @needs_compiler
+def test_a_cached_library_that_no_longer_loads_is_built_anew(fresh_cache: Path) -> None:
+    path = cpu_allocator.library_path()
+    path.write_bytes(b"not a shared library")
+    library, opened = cpu_allocator.open_library()
+    assert opened == path
+    assert library.pytest_vram_counter_layout() == 0  # loaded apart, never installed
+    assert path.read_bytes() != b"not a shared library"
+
+
+@needs_compiler
 def test_a_changed_source_gets_its_own_library() -> None:
     compiler = cpu_allocator.find_compiler()
     assert compiler is not None

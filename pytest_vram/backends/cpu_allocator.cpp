@@ -91,6 +91,8 @@ bool release(void* data) {
 
 void counted_delete(void* data) { release(data); }
 
+void raw_delete(void* data);  // after the allocator, which it falls back on
+
 struct CountingAllocator final : c10::Allocator {
   c10::Allocator* wrapped = nullptr;
 
@@ -131,30 +133,27 @@ struct CountingAllocator final : c10::Allocator {
     return c10::DataPtr(data, data, &counted_delete, device);
   }
 
-  // Kernels that allocate through the raw interface free through this; blocks that were not
-  // counted (or were allocated before this allocator was installed) go to the wrapped one.
-  static void raw_delete(void* data) {
-    if (data == nullptr || release(data)) {
-      return;
-    }
-    c10::DeleterFnPtr fallback = instance().wrapped->raw_deleter();
-    if (fallback != nullptr) {
-      fallback(data);
-    }
-  }
-
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
 
-  static CountingAllocator& instance();
 };
 
 CountingAllocator g_allocator;
 
-CountingAllocator& CountingAllocator::instance() { return g_allocator; }
+// Kernels that allocate through the raw interface free through this; blocks that were not
+// counted (or were allocated before this allocator was installed) go to the wrapped one.
+void raw_delete(void* data) {
+  if (data == nullptr || release(data)) {
+    return;
+  }
+  c10::DeleterFnPtr fallback = g_allocator.wrapped->raw_deleter();
+  if (fallback != nullptr) {
+    fallback(data);
+  }
+}
 
 }  // namespace
 

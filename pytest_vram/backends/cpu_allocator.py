@@ -33,6 +33,7 @@ __all__ = [
     "find_compiler",
     "library_path",
     "load",
+    "open_library",
 ]
 
 SOURCE = Path(__file__).with_name("cpu_allocator.cpp")
@@ -106,9 +107,10 @@ def _build(compiler: str, target: Path) -> None:
             command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
         )
         if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or ["(no output)"]
+            first_error = next((line for line in lines if "error" in line), lines[0])
             raise CounterUnavailable(
-                f"{Path(compiler).name} could not build {SOURCE.name}: "
-                + (done.stderr.strip().splitlines() or ["(no output)"])[0]
+                f"{Path(compiler).name} could not build {SOURCE.name}: {first_error}"
             )
         os.replace(partial, target)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -134,16 +136,27 @@ def library_path() -> Path:
 _library: ctypes.CDLL | None = None
 
 
+def open_library() -> tuple[ctypes.CDLL, Path]:
+    """The built library, loaded but not installed, and its path. A cached library that no
+    longer loads (a torch reinstalled in place, a damaged file) is built anew, once."""
+    target = library_path()
+    try:
+        return ctypes.CDLL(str(target)), target
+    except OSError:
+        target.unlink(missing_ok=True)
+    target = library_path()
+    try:
+        return ctypes.CDLL(str(target)), target
+    except OSError as exc:
+        raise CounterUnavailable(f"could not load {target}: {exc}") from exc
+
+
 def load() -> ctypes.CDLL:
     """The counting allocator's library, installed as PyTorch's CPU allocator (once a process)."""
     global _library
     if _library is not None:
         return _library
-    target = library_path()
-    try:
-        library = ctypes.CDLL(str(target))
-    except OSError as exc:
-        raise CounterUnavailable(f"could not load {target}: {exc}") from exc
+    library, target = open_library()
     handle = ctypes.c_void_p
     for name, restype, argtypes in [
         ("pytest_vram_install", ctypes.c_int, []),
