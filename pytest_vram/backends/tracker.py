@@ -1,7 +1,8 @@
 """Count the bytes of live tensor storages, exactly, by watching every dispatched op.
 
-The cpu and sim backends share this: a ``TorchDispatchMode`` (``StorageTracker.mode``, or the
-sim backend's FakeTensorMode, which calls ``observe_output`` itself) hands over each op's outputs;
+The sim backend and the cpu backend's dispatch counter share this: a ``TorchDispatchMode``
+(``StorageTracker.mode``, or the sim backend's FakeTensorMode, which calls ``observe_output``
+itself) hands over each op's outputs;
 the tracker registers each storage it has not seen (views share one storage, so they count once),
 re-reads the size of storages it knows (``resize_``, ``set_`` and ``out=`` ops return the tensor
 they changed), and a small record kept in the storage's own ``__dict__`` gives the bytes back
