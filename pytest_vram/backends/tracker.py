@@ -2,11 +2,10 @@
 
 The sim backend and the cpu backend's dispatch counter share this: a ``TorchDispatchMode``
 (``StorageTracker.mode``, or the sim backend's FakeTensorMode, which calls ``observe_output``
-itself) hands over each op's outputs;
-the tracker registers each storage it has not seen (views share one storage, so they count once),
-re-reads the size of storages it knows (``resize_``, ``set_`` and ``out=`` ops return the tensor
-they changed), and a small record kept in the storage's own ``__dict__`` gives the bytes back
-when the storage dies.
+itself) hands over each op's outputs; the tracker registers each storage it has not seen (views
+share one storage, so they count once), re-reads the size of storages it knows (``resize_``,
+``set_`` and ``out=`` ops return the tensor they changed), and a small record kept in the
+storage's own ``__dict__`` gives the bytes back when the storage dies.
 
 PyTorch keeps a storage's Python object (and so the record) alive exactly as long as the storage,
 so a freed storage is noticed the moment its last tensor goes, on whichever thread that happens.
