@@ -4,6 +4,8 @@ several counters at once, and how it is built, cached and replaced when it canno
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +224,22 @@ def test_the_counter_reads_its_figures_in_place(cpu: CpuBackend) -> None:
     assert isinstance(counter._current, ctypes.c_int64)
     del x
     assert counter.current == 0
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_counted_tensors_still_alive_at_exit_are_freed_cleanly() -> None:
+    script = (
+        "import torch\n"
+        "from pytest_vram.backends.cpu import CpuBackend\n"
+        "backend = CpuBackend('allocator')\n"
+        "backend.begin_test()\n"
+        "KEPT = [torch.ones(1000) for _ in range(100)]\n"
+        "torch.nn.functional.gelu(torch.randn(64, 64))\n"
+        "print(backend.allocated())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(100 * 4000)

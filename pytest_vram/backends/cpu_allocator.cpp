@@ -51,7 +51,9 @@ struct Shard {
   std::mutex mutex;
   std::unordered_map<void*, Block> blocks;
 };
-Shard g_shards[kShards];
+// Never destroyed, like the allocator below: blocks may still be freed while the process exits,
+// after this library's static objects would have been destroyed.
+Shard* const g_shards = new Shard[kShards];
 
 Shard& shard_of(void* data) {
   return g_shards[(reinterpret_cast<uintptr_t>(data) >> 6) % kShards];
@@ -141,7 +143,7 @@ struct CountingAllocator final : c10::Allocator {
 
 };
 
-CountingAllocator g_allocator;
+CountingAllocator& g_allocator = *new CountingAllocator();
 
 // Kernels that allocate through the raw interface free through this; blocks that were not
 // counted (or were allocated before this allocator was installed) go to the wrapped one.
