@@ -25,7 +25,6 @@ import io
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -132,7 +131,6 @@ def main() -> None:
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "conftest.py").write_text(CONFTEST)
         os.chdir(root)
-        sys.path.insert(0, str(root))
         os.environ["BENCH_PHASES_OUT"] = str(root / "phases.json")
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         phases: dict[str, dict[str, list[float]]] = {

@@ -102,9 +102,8 @@ def test_other_threads_allocations_are_not_counted_but_their_frees_are(cpu: CpuB
     assert cpu.allocated() == 0
 
 
+@needs_compiler
 def test_two_backends_count_independently() -> None:
-    if cpu_allocator.find_compiler() is None:
-        pytest.skip("no C++ compiler to build the counter")
     outer, inner = CpuBackend("allocator"), CpuBackend("allocator")
     outer.begin_test()
     try:
@@ -123,9 +122,8 @@ def test_two_backends_count_independently() -> None:
         inner.close()
 
 
+@needs_compiler
 def test_a_fifth_counter_at_once_is_refused_with_a_clear_error() -> None:
-    if cpu_allocator.find_compiler() is None:
-        pytest.skip("no C++ compiler to build the counter")
     backends = [CpuBackend("allocator") for _ in range(5)]
     try:
         for backend in backends[:4]:
@@ -214,7 +212,6 @@ def test_without_a_compiler_auto_counts_from_python_and_says_why(
         CpuBackend("allocator")
 
 
-@needs_compiler
 def test_the_counter_reads_its_figures_in_place(cpu: CpuBackend) -> None:
     counter = cpu.counter
     assert isinstance(counter, cpu_allocator.AllocatorCounter)
