@@ -67,7 +67,7 @@ void add(Counter* counter, int64_t nbytes) {
   }
 }
 
-// Uncounts and frees a counted block; false when ``data`` is not one.
+// Uncounts and frees a counted block; false when data is not one.
 bool release(void* data) {
   Block block;
   {
@@ -140,7 +140,6 @@ struct CountingAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
-
 };
 
 CountingAllocator& g_allocator = *new CountingAllocator();
