@@ -56,7 +56,8 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="TOL",
         default=None,
         help="growth over a baseline that still passes: a percentage (5%%) or a size (64MiB); "
-        f"default: ini vram_tolerance, or {DEFAULT_TOLERANCE}",
+        # argparse %-formats help texts: a literal percent sign is written %%.
+        f"default: ini vram_tolerance, or {DEFAULT_TOLERANCE.replace('%', '%%')}",
     )
     group.addoption(
         "--vram-update-baselines",
