@@ -40,8 +40,9 @@ class Status(str, enum.Enum):
     @property
     def stored(self) -> bool:
         """Whether ``--vram-update-baselines`` may store the figures of a test with this
-        status: a test whose memory check failed must not become the new normal."""
-        return self not in _FAILING
+        status: a test whose memory check failed must not become the new normal, and a
+        skipped test measured nothing."""
+        return self not in _FAILING and self is not Status.SKIPPED
 
 
 _RANK = {status: index for index, status in enumerate(Status)}
