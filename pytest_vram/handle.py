@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pytest_vram import scenarios
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.units import Tolerance
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Measured", "VramHandle"]
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.backends import BACKENDS
 from pytest_vram.units import (
     SizeError,
     Tolerance,
@@ -21,7 +22,6 @@ from pytest_vram.units import (
 )
 
 __all__ = [
-    "BACKEND_NAMES",
     "MARKER_HELP",
     "METRICS",
     "Budget",
@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 METRICS = ("allocated", "reserved", "device")
-BACKEND_NAMES = ("auto", "cuda", "cpu", "sim")
 
 
 def max_vram(limit: int | str, *, metric: str = "allocated") -> pytest.MarkDecorator:
@@ -85,7 +84,7 @@ class MarkerError(Exception):
 class Budget:
     limit: int
     metric: str
-    typed: int | str
+    as_written: int | str
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class VramMarks:
     tolerance: Tolerance | None = None
     backend: str | None = None
     required: int | None = None
-    required_typed: int | str | None = None
+    required_as_written: int | str | None = None
 
     @property
     def any(self) -> bool:
@@ -131,7 +130,7 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
     tolerance: Tolerance | None = None
     backend: str | None = None
     required: int | None = None
-    required_typed: int | str | None = None
+    required_as_written: int | str | None = None
     seen: set[str] = set()
     for mark in marks:
         if mark.name not in MARKERS:
@@ -154,17 +153,17 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
                 raise MarkerError(f"vram_tolerance: {exc}") from None
             tolerance = parsed if closest else tolerance
         elif mark.name == "vram_backend":
-            if args["name"] not in BACKEND_NAMES:
+            if args["name"] not in BACKENDS:
                 raise MarkerError(
                     f"vram_backend: unknown backend {args['name']!r}: "
-                    f"expected one of {', '.join(BACKEND_NAMES)}"
+                    f"expected one of {', '.join(BACKENDS)}"
                 )
             backend = args["name"] if closest else backend
         elif mark.name == "requires_vram":
             size = _size(mark.name, args["size"])
             if closest:
-                required, required_typed = size, args["size"]
-    return VramMarks(tuple(budgets), tolerance, backend, required, required_typed)
+                required, required_as_written = size, args["size"]
+    return VramMarks(tuple(budgets), tolerance, backend, required, required_as_written)
 
 
 def _size(marker: str, value: object) -> int:

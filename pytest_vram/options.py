@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.backends import BACKENDS, CPU_COUNTERS
+from pytest_vram.seeding import DEFAULT_SEED
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
 
 __all__ = ["Settings", "add_options"]
@@ -76,6 +77,14 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help="fail measured tests that have no baseline entry (default: ini vram_strict)",
     )
+    group.addoption(
+        "--vram-seed",
+        metavar="SEED",
+        default=None,
+        help="seed Python's, NumPy's and torch's generators with SEED before each measured "
+        "test, so that reruns allocate alike; 'off' leaves them alone (default: ini vram_seed, "
+        f"or {DEFAULT_SEED})",
+    )
     group.addoption("--vram-json", metavar="PATH", default=None, help="write the figures as JSON")
     group.addoption(
         "--vram-markdown",
@@ -109,6 +118,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
     parser.addini("vram_baseline_dir", "directory of the baseline files", default="baselines")
     parser.addini("vram_tolerance", "default tolerance against baselines", default="")
+    parser.addini("vram_seed", "seed of each measured test, or off", default="")
     parser.addini("vram_strict", "fail tests without a baseline entry", type="bool", default=False)
     parser.addini("vram_junit_properties", "add vram_* JUnit properties", type="bool", default=True)
 
@@ -129,6 +139,8 @@ class Settings:
     html_path: Path | None
     junit_properties: bool
     snapshot_dir: Path | None
+    #: The seed of each measured test's generators; None leaves them alone.
+    seed: int | None = DEFAULT_SEED
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -166,6 +178,7 @@ class Settings:
                 config.invocation_params.dir if option("--vram-baseline-dir") else config.rootpath
             )
             baseline_dir = base / baseline_dir
+        seed = _seed(option("--vram-seed") or config.getini("vram_seed") or str(DEFAULT_SEED))
         strict = option("--vram-strict")
         junit = option("--vram-junit-properties")
         return cls(
@@ -185,7 +198,23 @@ class Settings:
                 bool(config.getini("vram_junit_properties")) if junit is None else junit == "yes"
             ),
             snapshot_dir=_path(option("--vram-snapshot-on-fail")),
+            seed=seed,
         )
+
+
+def _seed(text: str) -> int | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        seed = int(text.strip())
+    except ValueError:
+        seed = -1
+    if seed < 0 or not text.strip().isascii():
+        raise pytest.UsageError(
+            f"--vram-seed / vram_seed: {text!r} is not a seed: expected a whole number >= 0, "
+            "or off"
+        )
+    return seed
 
 
 def _path(value: str | None) -> Path | None:

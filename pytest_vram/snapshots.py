@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import torch
-
 from pytest_vram.backends.base import Backend
 
 __all__ = ["SnapshotRecorder"]
@@ -30,6 +28,8 @@ class SnapshotRecorder:
             self._without_history.add(backend.name)
             return
         if not self._recording:
+            import torch
+
             torch.cuda.memory._record_memory_history(max_entries=_MAX_ENTRIES)
             self._recording = True
 
@@ -38,6 +38,8 @@ class SnapshotRecorder:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / (re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") + ".pickle")
+        import torch
+
         torch.cuda.memory._dump_snapshot(str(path))
         return path
 

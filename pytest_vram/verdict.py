@@ -7,8 +7,19 @@ settings, and returns a :class:`Verdict`. Nothing else decides a status.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["FAILING_STATUSES", "Status", "rank_of"]
+from pytest_vram.baselines import compare
+from pytest_vram.records import BudgetResult, TestRecord
+from pytest_vram.units import describe_size, format_size
+
+if TYPE_CHECKING:
+    from pytest_vram.marks import VramMarks
+    from pytest_vram.options import Settings
+
+__all__ = ["FAILING_STATUSES", "Outcome", "Status", "Verdict", "judge", "rank_of"]
 
 
 class Status(str, enum.Enum):
@@ -59,3 +70,142 @@ def rank_of(value: str) -> int:
         return Status(value).rank
     except ValueError:
         return len(_RANK)
+
+
+class Outcome(str, enum.Enum):
+    """How the test's setup and call ended, as far as memory is concerned."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    OUT_OF_MEMORY = "oom"
+    LEAKED = "leak"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class Verdict:
+    """The memory verdict of one test."""
+
+    status: Status
+    #: Why the test fails, one reason a line; empty when it passes.
+    failures: list[str] = field(default_factory=list)
+    #: What a passing test's report should say (an improvement, a figure not checked).
+    notes: list[str] = field(default_factory=list)
+    budgets: list[BudgetResult] = field(default_factory=list)
+    #: The baseline entry the test was compared with.
+    baseline: dict[str, int] | None = None
+
+
+def judge(
+    record: TestRecord,
+    marks: VramMarks,
+    entry: Mapping[str, int] | None,
+    settings: Settings,
+    outcome: Outcome = Outcome.PASSED,
+    *,
+    error: str | None = None,
+    unmeasured: Mapping[str, str] | None = None,
+) -> Verdict:
+    """Judge a finished test: its budgets, then (when it passed) its baseline.
+
+    ``outcome`` is how the test ended and ``error`` the first line of what it raised (an OOM
+    or a leak check's message). ``unmeasured`` says, per metric this backend cannot measure,
+    why. The status is the worst of everything found.
+    """
+    if outcome is Outcome.SKIPPED:
+        return Verdict(Status.SKIPPED)
+    found: list[Status] = []
+    failures: list[str] = []
+    notes: list[str] = []
+    if outcome is Outcome.OUT_OF_MEMORY:
+        found.append(Status.OOM)
+    elif outcome is Outcome.LEAKED:
+        found.append(Status.LEAK)
+    elif outcome is Outcome.FAILED:
+        found.append(Status.FAILED)
+    if error and outcome in (Outcome.OUT_OF_MEMORY, Outcome.LEAKED):
+        failures.append(error)
+    budgets = _check_budgets(record, marks, settings, found, failures, notes, unmeasured or {})
+    verdict = Verdict(Status.OK, failures, notes, budgets)
+    if outcome is Outcome.PASSED and not settings.update_baselines:
+        _compare(record, marks, entry, settings, found, verdict)
+    verdict.status = min(found, key=lambda status: status.rank, default=Status.OK)
+    return verdict
+
+
+def _check_budgets(
+    record: TestRecord,
+    marks: VramMarks,
+    settings: Settings,
+    found: list[Status],
+    failures: list[str],
+    notes: list[str],
+    unmeasured: Mapping[str, str],
+) -> list[BudgetResult]:
+    peaks = {
+        "allocated": record.peak_allocated,
+        "reserved": record.peak_reserved,
+        "device": record.peak_device,
+    }
+    results = []
+    for budget in marks.budgets:
+        peak = peaks[budget.metric]
+        shown = describe_size(budget.as_written)
+        if peak is None:
+            why = unmeasured.get(budget.metric)
+            message = (
+                f"max_vram({shown}, metric={budget.metric!r}) not checked: the "
+                f"{record.backend} backend does not measure {budget.metric} memory"
+                + (f" ({why})" if why else "")
+            )
+            if settings.strict:
+                found.append(Status.OVER_BUDGET)
+                failures.append(message + " (--vram-strict)")
+            else:
+                notes.append(message)
+            passed = not settings.strict
+        else:
+            passed = peak <= budget.limit
+            if not passed:
+                found.append(Status.OVER_BUDGET)
+                failures.append(
+                    f"peak {budget.metric} memory {format_size(peak)} exceeds "
+                    f"max_vram({shown}) by {format_size(peak - budget.limit)}"
+                )
+        results.append(
+            BudgetResult(budget.limit, budget.metric, peak, str(budget.as_written), passed)
+        )
+    return results
+
+
+def _compare(
+    record: TestRecord,
+    marks: VramMarks,
+    entry: Mapping[str, int] | None,
+    settings: Settings,
+    found: list[Status],
+    verdict: Verdict,
+) -> None:
+    update = f"pytest --vram-update-baselines {record.nodeid}"
+    if entry is None:
+        found.append(Status.NEW)
+        if settings.strict:
+            found.append(Status.FAILED)
+            verdict.failures.append(
+                f"no baseline for {record.nodeid} on device {record.device!r} in "
+                f"{settings.baseline_dir} (--vram-strict); record one with {update}"
+            )
+        return
+    verdict.baseline = dict(entry)
+    changes = compare(record.figures(), dict(entry), marks.tolerance or settings.tolerance)
+    hint = f"if this is intended, update the baseline: {update}"
+    regressions = [change for change in changes if change.regressed]
+    improvements = [change for change in changes if change.improved]
+    if regressions:
+        found.append(Status.REGRESSION)
+        verdict.failures += [f"memory regression: {c.describe()}" for c in regressions]
+        verdict.failures.append(hint)
+    elif improvements:
+        found.append(Status.IMPROVED)
+        verdict.notes += [f"improved: {c.describe()}" for c in improvements]
+        verdict.notes.append(hint)

@@ -9,7 +9,6 @@ import pytest
 
 import pytest_vram
 from pytest_vram.marks import (
-    BACKEND_NAMES,
     METRICS,
     Budget,
     MarkerError,
@@ -20,6 +19,7 @@ from pytest_vram.marks import (
     vram_backend,
     vram_tolerance,
 )
+from pytest_vram.backends import BACKENDS
 from pytest_vram.units import parse_tolerance
 
 GiB = 1024**3
@@ -105,18 +105,18 @@ def test_other_markers_are_ignored() -> None:
 def test_budget_default_metric_is_allocated() -> None:
     marks = read_marks([pytest.mark.max_vram("1GB").mark])
     assert marks.any
-    assert marks.budgets == (Budget(limit=1_000_000_000, metric="allocated", typed="1GB"),)
+    assert marks.budgets == (Budget(limit=1_000_000_000, metric="allocated", as_written="1GB"),)
 
 
 @pytest.mark.parametrize("metric", METRICS)
 def test_budget_metrics(metric: str) -> None:
     marks = read_marks([pytest.mark.max_vram("2GiB", metric=metric).mark])
-    assert marks.budgets == (Budget(limit=2 * GiB, metric=metric, typed="2GiB"),)
+    assert marks.budgets == (Budget(limit=2 * GiB, metric=metric, as_written="2GiB"),)
 
 
 def test_budget_limit_may_be_an_int_or_keyword() -> None:
     marks = read_marks([pytest.mark.max_vram(limit=4096).mark])
-    assert marks.budgets == (Budget(limit=4096, metric="allocated", typed=4096),)
+    assert marks.budgets == (Budget(limit=4096, metric="allocated", as_written=4096),)
 
 
 def test_several_max_vram_marks_all_apply() -> None:
@@ -144,7 +144,7 @@ def test_tolerance_marker() -> None:
     assert marks.tolerance.allowance(10 * GiB) == 64 * 1024**2
 
 
-@pytest.mark.parametrize("name", BACKEND_NAMES)
+@pytest.mark.parametrize("name", BACKENDS)
 def test_backend_marker(name: str) -> None:
     marks = read_marks([pytest.mark.vram_backend(name).mark])
     assert marks.any
@@ -155,7 +155,7 @@ def test_requires_vram_marker() -> None:
     marks = read_marks([pytest.mark.requires_vram("80GB").mark])
     assert marks.any
     assert marks.required == 80_000_000_000
-    assert marks.required_typed == "80GB"
+    assert marks.required_as_written == "80GB"
 
 
 def test_closest_marker_wins_for_tolerance_backend_and_requires() -> None:
@@ -227,7 +227,7 @@ def test_bad_metric_lists_the_metrics() -> None:
 def test_bad_backend_lists_the_backends() -> None:
     with pytest.raises(MarkerError) as info:
         read_marks([pytest.mark.vram_backend("gpu").mark])
-    for name in BACKEND_NAMES:
+    for name in BACKENDS:
         assert name in str(info.value)
 
 

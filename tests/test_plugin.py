@@ -242,7 +242,7 @@ def test_nothing_is_counted_outside_the_measured_tests(
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
         def counts(config):
-            backend = config.pluginmanager.get_plugin("vram-session").backends["cpu"]
+            backend = config.pluginmanager.get_plugin("vram-session").pool.backends["cpu"]
             return backend.allocated(), backend.peak_allocated()
 
         @pytest.fixture

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Backend", "BackendUnavailable"]
 
@@ -22,8 +23,8 @@ class Backend:
     """
 
     name: str = ""
-    #: Where the test should put its tensors.
-    device: torch.device = torch.device("cpu")
+    #: Where the test should put its tensors; each backend sets it.
+    device: torch.device
 
     @property
     def device_class(self) -> str:
@@ -63,6 +64,11 @@ class Backend:
         """Device-level used memory (NVML), peak since the last reset."""
         return None
 
+    def storage_bytes(self, tensor: torch.Tensor) -> int | None:
+        """The bytes this backend counts for ``tensor``'s storage, None when it does not
+        count that tensor (another device's, say)."""
+        return None
+
     def release_cache(self) -> None:
         """Hand cached memory back to the device (``torch.cuda.empty_cache`` and the like)."""
 
@@ -83,6 +89,8 @@ class Backend:
         return []
 
     def environment(self) -> dict[str, Any]:
+        import torch
+
         return {"backend": self.name, "device": self.device_class, "torch": str(torch.__version__)}
 
     def close(self) -> None:

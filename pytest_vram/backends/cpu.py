@@ -133,6 +133,11 @@ class CpuBackend(Backend):
     def reset_peak(self) -> None:
         self.counter.reset_peak()
 
+    def storage_bytes(self, tensor: torch.Tensor) -> int | None:
+        if tensor.device.type != "cpu" or type(tensor).__name__ == "FakeTensor":
+            return None
+        return tensor.untyped_storage().nbytes()
+
     def notes(self) -> list[str]:
         return list(self._notes)
 

@@ -55,6 +55,12 @@ class CudaBackend(Backend):
         if self._nvml is not None:
             self._nvml.pause()
 
+    def storage_bytes(self, tensor: torch.Tensor) -> int | None:
+        if tensor.device != self.device:
+            return None
+        # The caching allocator hands out multiples of 512 bytes.
+        return (tensor.untyped_storage().nbytes() + 511) // 512 * 512
+
     def allocated(self) -> int:
         return int(torch.cuda.memory_allocated(self.index))
 

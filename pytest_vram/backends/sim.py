@@ -189,6 +189,11 @@ class SimBackend(Backend):
         self.tracker.reset_peak()
         self.segments.reset_peak()
 
+    def storage_bytes(self, tensor: torch.Tensor) -> int | None:
+        if not _on_device(tensor):
+            return None
+        return round_like_cuda_allocator(tensor.untyped_storage().nbytes())
+
     def reserved(self) -> int | None:
         self.tracker.flush()  # frees of storages that died reach the segments first
         return self.segments.reserved

@@ -1,0 +1,24 @@
+"""Seeding the random generators before each measured test, so that a rerun draws the same
+numbers and allocates the same memory (as pytest-randomly does for its own reasons)."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+__all__ = ["DEFAULT_SEED", "seed_generators"]
+
+#: The seed every measured test starts from unless ``--vram-seed`` says otherwise.
+DEFAULT_SEED = 0
+
+
+def seed_generators(seed: int) -> None:
+    """Seed Python's, NumPy's (where imported) and torch's (where imported) generators."""
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # CPU and every CUDA device; on the simulated device this seeds the host generator.
+        torch.manual_seed(seed)

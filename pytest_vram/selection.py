@@ -1,0 +1,92 @@
+"""What the session selected: which tests are measured, and what collection left out.
+
+The stale baseline entries follow from it: an entry is stale only where this run can tell that
+its test no longer exists, never because a filter (``-k``, ``-m``, ``--deselect``, ``--lf``, a
+plugin's ``modifyitems``, a ``file::test`` argument) left the test out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from pytest_vram.marks import MarkerError, VramMarks, read_marks
+
+__all__ = ["MARKER_ERROR", "MARKS", "VRAM_FIXTURES", "Selection"]
+
+VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
+#: Set on the tests that are measured: their parsed markers.
+MARKS = pytest.StashKey[VramMarks]()
+#: Set on a test whose vram markers are malformed; its setup reports the error.
+MARKER_ERROR = pytest.StashKey[MarkerError]()
+
+
+class Selection:
+    """Reads each test's markers once and remembers what collection kept and left out."""
+
+    def __init__(self, config: pytest.Config, *, measure_all: bool) -> None:
+        self.config = config
+        self.measure_all = measure_all
+        #: Node ids of the tests collected, before any plugin's modifyitems removed some.
+        self.collected: set[str] | None = None
+        #: Node ids that filters deselected: they exist.
+        self.deselected: set[str] = set()
+
+    def collected_items(self, items: Iterable[pytest.Item]) -> None:
+        self.collected = {item.nodeid for item in items}
+
+    def deselected_items(self, items: Iterable[pytest.Item]) -> None:
+        self.deselected.update(item.nodeid for item in items)
+
+    def mark_measured(self, items: Iterable[pytest.Item]) -> None:
+        """Stash the parsed markers of each test that is measured. Run after every plugin's
+        modifyitems, so that markers they add count."""
+        for item in items:
+            try:
+                marks, invalid = read_marks(list(item.iter_markers())), False
+            except MarkerError as exc:
+                item.stash[MARKER_ERROR] = exc
+                marks, invalid = VramMarks(), True
+            if (
+                self.measure_all
+                or invalid
+                or marks.any
+                or not VRAM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+            ):
+                item.stash[MARKS] = marks
+
+    def stale(self, nodeids: Iterable[str]) -> list[str]:
+        """Those of ``nodeids`` whose tests no longer exist: their file is gone, or this run
+        collected the whole file without finding them."""
+        if self.collected is None:  # a pytest-xdist controller sees no collection
+            return []
+        root = self.config.rootpath
+        known = self.collected | self.deselected
+        collected_files = {nodeid.split("::")[0] for nodeid in self.collected}
+        partial = self._partial_files()
+        stale = set()
+        for nodeid in nodeids:
+            if nodeid in known:
+                continue
+            path = nodeid.split("::")[0]
+            if not (root / path).exists() or (
+                path in collected_files
+                and partial is not None
+                and (root / path).resolve() not in partial
+            ):
+                stale.add(nodeid)
+        return sorted(stale)
+
+    def _partial_files(self) -> set[Path] | None:
+        """Files this run collected only in part; None when that may be any file (--lf
+        collects only the failures of each file it reruns)."""
+        if self.config.getoption("lf", False):
+            return None
+        invocation = self.config.invocation_params.dir
+        return {
+            (invocation / arg.split("::")[0]).resolve()
+            for arg in self.config.args
+            if "::" in arg
+        }
