@@ -20,7 +20,7 @@ import pytest
 
 from pytest_vram.backends import Backend
 
-__all__ = ["OwnView", "held_by_fixtures", "tensors_in"]
+__all__ = ["OwnView", "held_bytes", "tensors_in", "view_for"]
 
 # How many objects one fixture value's walk visits at most: a fixture that holds a whole
 # framework's state is not walked to its end.
@@ -91,41 +91,45 @@ def held_bytes(values: list[Any], backend: Backend) -> int:
     return sum(storages.values())
 
 
-def cached_fixture_values(item: pytest.Item) -> list[Any]:
-    """The values of ``item``'s fixtures that an earlier test made and this one will reuse:
-    broader-scoped fixtures whose cached value has this test's parameter."""
+def cached_fixture_values(item: pytest.Item) -> tuple[list[Any], dict[str, Any]]:
+    """The values of ``item``'s broader-scoped fixtures that an earlier test made: those this
+    test reuses, and by name those made with another parameter, which its setup replaces."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
-        return []
+        return [], {}
     callspec = getattr(item, "callspec", None)
     params = getattr(callspec, "params", {})
-    values = []
+    reused, replaced = [], {}
     for name in item.fixturenames:  # type: ignore[attr-defined]
         definitions = info.name2fixturedefs.get(name)
         if not definitions:
             continue
-        definition = definitions[-1]
-        cached = getattr(definition, "cached_result", None)
+        cached = getattr(definitions[-1], "cached_result", None)
         if cached is None or cached[0] is None:
             continue
-        if name in params:
-            # pytest keys a parametrized fixture's cached value by the parameter it was made
-            # with, and makes it anew for another.
-            key = params[name]
-            try:
-                reused = bool(cached[1] == key) or cached[1] is key
-            except Exception:  # a parameter whose == does not answer a bool
-                reused = cached[1] is key
+        if name in params and not _same_parameter(cached[1], params[name]):
+            replaced[name] = cached[0]
         else:
-            reused = True
-        if reused:
-            values.append(cached[0])
-    return values
+            reused.append(cached[0])
+    return reused, replaced
 
 
-def held_by_fixtures(item: pytest.Item, backend: Backend) -> int:
-    """What ``item``'s already made fixtures hold on ``backend``'s device, in bytes."""
-    return held_bytes(cached_fixture_values(item), backend)
+def _same_parameter(cached_key: Any, param: Any) -> bool:
+    # pytest keys a parametrized fixture's cached value by the parameter it was made with.
+    try:
+        return bool(cached_key == param) or cached_key is param
+    except Exception:  # a parameter whose == does not answer a bool
+        return cached_key is param
+
+
+def view_for(item: pytest.Item, backend: Backend) -> OwnView:
+    """``backend`` as ``item`` sees it: what its already made fixtures hold counts as its own."""
+    reused, replaced = cached_fixture_values(item)
+    return OwnView(
+        backend,
+        held=held_bytes(reused, backend),
+        replaced={name: held_bytes([value], backend) for name, value in replaced.items()},
+    )
 
 
 class OwnView:
@@ -135,9 +139,12 @@ class OwnView:
     allocated then, less what the test's fixtures already held.
     """
 
-    def __init__(self, backend: Backend, held: int) -> None:
+    def __init__(self, backend: Backend, held: int, replaced: dict[str, int] | None = None) -> None:
         self._backend = backend
         self.held = held
+        #: By fixture name: what the value that this test's setup replaces holds. It was
+        #: another test's, and setup frees it before making this test's.
+        self.replaced = dict(replaced or {})
         self._offset = 0
         self._excluding = 0
 
@@ -154,10 +161,13 @@ class OwnView:
     def peak_allocated(self) -> int:
         return max(0, self._backend.peak_allocated() - self._offset)
 
-    def enter_excluded(self, fold: Any) -> None:
-        """A broader-scoped fixture starts being made: ``fold()`` keeps the peaks so far."""
+    def enter_excluded(self, name: str, fold: Any) -> None:
+        """The broader-scoped fixture ``name`` starts being made: ``fold()`` keeps the peaks
+        so far."""
         if self._excluding == 0:
             fold()
+        # pytest freed the value it replaces right before: that memory was not this test's.
+        self._offset -= self.replaced.pop(name, 0)
         self._excluding += 1
 
     def exit_excluded(self) -> None:

@@ -20,7 +20,7 @@ from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.options import Settings
-from pytest_vram.ownership import OwnView, held_by_fixtures
+from pytest_vram.ownership import view_for
 from pytest_vram.pool import BackendPool
 from pytest_vram.records import TestRecord
 from pytest_vram.report import build_document, junit_properties, terminal_lines
@@ -127,7 +127,7 @@ class VramSession:
         # A broader-scoped fixture made in this test's setup counts with what it holds once
         # made, as it does in a later test that finds it made.
         view = measurement.backend
-        view.enter_excluded(measurement.reset_peak)
+        view.enter_excluded(fixturedef.argname, measurement.reset_peak)
         try:
             return (yield)
         finally:
@@ -155,8 +155,7 @@ class VramSession:
         self._clean(backend)
         if self.settings.seed is not None:
             seed_generators(self.settings.seed)
-        view = OwnView(backend, held_by_fixtures(item, backend))
-        measurement = TestMeasurement(view, item.nodeid)  # type: ignore[arg-type]
+        measurement = TestMeasurement(view_for(item, backend), item.nodeid)  # type: ignore[arg-type]
         measurement.record.device = self.pool.device_classes[backend.name]
         self.snapshots.start(backend)
         measurement.begin()

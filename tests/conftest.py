@@ -1,5 +1,11 @@
 import pytest
 
+# pytester's in-process runs unload the modules they imported: torch (and torch._dynamo, which
+# the simulated device's fake tensors import on first use) must be imported before them, since
+# their op registrations cannot be made twice in one process.
+import torch
+import torch._dynamo  # noqa: F401
+
 pytest_plugins = ["pytester"]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import pytest_vram
+from pytest_vram.backends import BACKENDS
 from pytest_vram.marks import (
     METRICS,
     Budget,
@@ -19,7 +20,6 @@ from pytest_vram.marks import (
     vram_backend,
     vram_tolerance,
 )
-from pytest_vram.backends import BACKENDS
 from pytest_vram.units import parse_tolerance
 
 GiB = 1024**3

@@ -1,0 +1,94 @@
+"""Measured tests start from seeded generators, so that an identical rerun measures alike."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pytest_vram.seeding import seed_generators
+
+DRAWS = """
+import random
+import numpy as np
+import torch
+
+def test_draws(vram):
+    steps = random.randint(1, 1000) + int(np.random.randint(0, 1000))
+    x = torch.ones(steps * 64 + int(torch.randint(0, 1000, ()).item()))
+"""
+
+
+def test_seeding_repeats_python_numpy_and_torch_draws() -> None:
+    np = pytest.importorskip("numpy")
+    import torch
+
+    seed_generators(7)
+    first = (random.random(), np.random.rand(), torch.rand(()).item())
+    seed_generators(7)
+    assert (random.random(), np.random.rand(), torch.rand(()).item()) == first
+    seed_generators(8)
+    assert random.random() != first[0]
+
+
+def peak(pytester: pytest.Pytester, *args: str) -> int:
+    result = pytester.runpytest_subprocess(
+        "--vram-backend=cpu", "--vram-report", "--vram-json=out.json", *args
+    )
+    assert result.ret == 0, result.outlines
+    return json.loads((pytester.path / "out.json").read_text())["tests"][0]["peak_allocated"]
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_test_that_draws_from_unseeded_generators_measures_alike(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("numpy")
+    pytester.makepyfile(test_draws=DRAWS)
+    assert peak(pytester) == peak(pytester) == peak(pytester, "--vram-seed=0")
+    assert peak(pytester, "--vram-seed=1") != peak(pytester)
+    pytester.runpytest_subprocess("--vram-backend=cpu", "--vram-update-baselines")
+    result = pytester.runpytest_subprocess(
+        "--vram-backend=cpu", "--vram-report", "--vram-tolerance=0B"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["vram: measured tests start from seed 0 (--vram-seed)"])
+
+
+SEQUENCE = """
+import random
+
+def test_first(vram):
+    random.seed(99)
+
+def test_second(vram):
+    random_at_start = random.random()
+    random.seed(99)
+    after_seed_99 = random.random()
+    random.seed(0)
+    after_seed_0 = random.random()
+    assert random_at_start == ({expected})
+"""
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [("--vram-seed=off", "after_seed_99"), ("--vram-seed=0", "after_seed_0")],
+)
+def test_seed_off_leaves_the_generators_alone(
+    pytester: pytest.Pytester, option: str, expected: str
+) -> None:
+    # test_second reads the generator before touching it: with seeding off it goes on from
+    # test_first's seed, with seeding on it starts from --vram-seed.
+    pytester.makepyfile(SEQUENCE.format(expected=expected))
+    result = pytester.runpytest("--vram-backend=cpu", "--vram-report", option, "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("seed", ["-1", "lots", "１"])
+def test_a_bad_seed_is_a_usage_error(pytester: pytest.Pytester, seed: str) -> None:
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(f"--vram-seed={seed}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--vram-seed / vram_seed: * is not a seed*"])

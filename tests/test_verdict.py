@@ -1,0 +1,166 @@
+"""The judge: (record, marks, baseline entry, settings, outcome) -> verdict, without pytest runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_vram.marks import Budget, VramMarks
+from pytest_vram.options import Settings
+from pytest_vram.records import TestRecord
+from pytest_vram.units import parse_tolerance
+from pytest_vram.verdict import FAILING_STATUSES, Outcome, Status, judge, rank_of
+
+MiB = 1024**2
+
+SETTINGS = Settings(
+    report=True,
+    backend="sim",
+    cpu_counter="auto",
+    sim_capacity=None,
+    baseline_dir=Path("baselines"),
+    tolerance=parse_tolerance("5%"),
+    update_baselines=False,
+    prune_baselines=False,
+    strict=False,
+    json_path=None,
+    markdown_path=None,
+    html_path=None,
+    junit_properties=True,
+    snapshot_dir=None,
+)
+
+
+def settings(**changes: Any) -> Settings:
+    return dataclasses.replace(SETTINGS, **changes)
+
+
+def record(peak: int = 10 * MiB, **fields: Any) -> TestRecord:
+    return TestRecord(
+        nodeid="t.py::test", backend="sim", device="sim", peak_allocated=peak, **fields
+    )
+
+
+def budget(limit: int, metric: str = "allocated") -> VramMarks:
+    return VramMarks(budgets=(Budget(limit, metric, limit),))
+
+
+def test_statuses_are_listed_worst_first_and_know_whether_they_fail() -> None:
+    assert [status.rank for status in Status] == list(range(len(Status)))
+    assert Status.OOM.rank < Status.REGRESSION.rank < Status.NEW.rank < Status.OK.rank
+    assert {s.value for s in Status if s.fails} == FAILING_STATUSES
+    assert not Status.NEW.fails and not Status.IMPROVED.fails and not Status.SKIPPED.fails
+    assert Status.OK.stored and Status.NEW.stored and Status.IMPROVED.stored
+    assert not Status.LEAK.stored and not Status.OVER_BUDGET.stored
+    assert not Status.SKIPPED.stored
+    assert rank_of("regression") == Status.REGRESSION.rank
+    assert rank_of("from a newer plugin") == len(Status)
+
+
+def test_no_entry_is_new_and_passes() -> None:
+    verdict = judge(record(), VramMarks(), None, SETTINGS)
+    assert verdict.status is Status.NEW
+    assert verdict.failures == []
+
+
+def test_no_entry_fails_under_strict_naming_the_update_command() -> None:
+    verdict = judge(record(), VramMarks(), None, settings(strict=True))
+    assert verdict.status is Status.FAILED
+    assert "pytest --vram-update-baselines t.py::test" in verdict.failures[0]
+
+
+def test_growth_within_tolerance_is_ok() -> None:
+    verdict = judge(record(peak=10 * MiB), VramMarks(), {"peak_allocated": 10 * MiB - 1}, SETTINGS)
+    assert verdict.status is Status.OK
+    assert verdict.baseline == {"peak_allocated": 10 * MiB - 1}
+
+
+def test_growth_beyond_tolerance_is_a_regression_with_both_numbers() -> None:
+    verdict = judge(record(peak=12 * MiB), VramMarks(), {"peak_allocated": 10 * MiB}, SETTINGS)
+    assert verdict.status is Status.REGRESSION
+    assert verdict.status.fails
+    assert "12.00 MiB" in verdict.failures[0] and "10.00 MiB" in verdict.failures[0]
+    assert "+20.0%" in verdict.failures[0]
+
+
+def test_the_marker_tolerance_beats_the_settings() -> None:
+    marks = VramMarks(tolerance=parse_tolerance("25%"))
+    verdict = judge(record(peak=12 * MiB), marks, {"peak_allocated": 10 * MiB}, SETTINGS)
+    assert verdict.status is Status.OK
+
+
+def test_shrinking_beyond_tolerance_is_improved_and_passes() -> None:
+    verdict = judge(record(peak=5 * MiB), VramMarks(), {"peak_allocated": 10 * MiB}, SETTINGS)
+    assert verdict.status is Status.IMPROVED
+    assert verdict.failures == []
+    assert verdict.notes[0].startswith("improved:")
+
+
+def test_a_budget_over_its_limit_fails_with_the_limit_the_peak_and_the_excess() -> None:
+    verdict = judge(record(peak=3 * MiB), budget(2 * MiB), {"peak_allocated": 3 * MiB}, SETTINGS)
+    assert verdict.status is Status.OVER_BUDGET
+    assert verdict.failures == [
+        "peak allocated memory 3.00 MiB exceeds max_vram(2.00 MiB) by 1.00 MiB"
+    ]
+    assert [b.passed for b in verdict.budgets] == [False]
+
+
+def test_the_worst_status_wins_whatever_is_found_first() -> None:
+    # Over budget and regressed: over-budget ranks worse.
+    verdict = judge(record(peak=30 * MiB), budget(MiB), {"peak_allocated": MiB}, SETTINGS)
+    assert verdict.status is Status.OVER_BUDGET
+    assert len(verdict.failures) == 3  # the budget, the regression and the update hint
+    # An OOM beats a budget that the peak before it already crossed.
+    oom = judge(record(peak=30 * MiB), budget(MiB), None, SETTINGS, Outcome.OUT_OF_MEMORY)
+    assert oom.status is Status.OOM
+
+
+def test_a_failed_test_is_not_compared_with_its_baseline() -> None:
+    verdict = judge(
+        record(peak=30 * MiB), VramMarks(), {"peak_allocated": MiB}, SETTINGS, Outcome.FAILED
+    )
+    assert verdict.status is Status.FAILED
+    assert verdict.failures == []  # the test's own error is the message
+
+
+def test_a_leak_keeps_its_message() -> None:
+    verdict = judge(
+        record(), VramMarks(), None, SETTINGS, Outcome.LEAKED, error="leak check failed: +1 KiB"
+    )
+    assert verdict.status is Status.LEAK
+    assert verdict.failures == ["leak check failed: +1 KiB"]
+
+
+def test_updating_baselines_compares_nothing_but_budgets_still_fail() -> None:
+    update = settings(update_baselines=True)
+    assert judge(record(peak=30 * MiB), VramMarks(), {"peak_allocated": MiB}, update).status is (
+        Status.OK
+    )
+    assert judge(record(peak=3 * MiB), budget(MiB), None, update).status is Status.OVER_BUDGET
+
+
+def test_skipped_is_skipped() -> None:
+    verdict = judge(record(), budget(1), {"peak_allocated": 1}, SETTINGS, Outcome.SKIPPED)
+    assert verdict.status is Status.SKIPPED
+    assert verdict.failures == [] and verdict.budgets == []
+
+
+@pytest.mark.parametrize("metric", ["reserved", "device"])
+def test_a_metric_the_backend_cannot_measure_is_not_checked_and_passes(metric: str) -> None:
+    verdict = judge(
+        record(), budget(1, metric), None, SETTINGS, unmeasured={"device": "no NVML here"}
+    )
+    assert verdict.status is Status.NEW
+    assert f"metric={metric!r}) not checked" in verdict.notes[0]
+    if metric == "device":
+        assert "no NVML here" in verdict.notes[0]
+    assert [b.peak for b in verdict.budgets] == [None]
+
+
+def test_a_metric_the_backend_cannot_measure_fails_under_strict() -> None:
+    verdict = judge(record(), budget(1, "device"), None, settings(strict=True))
+    assert verdict.status is Status.OVER_BUDGET
+    assert "not checked" in verdict.failures[0] and "--vram-strict" in verdict.failures[0]
