@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 
 from junitparser import JUnitXml, JUnitXmlError, Properties
 
+from pytest_vram.errors import UsageError
 from pytest_vram.records import STATUS_ORDER
 from pytest_vram.units import SizeError, Tolerance, format_delta, format_size, parse_tolerance
 
@@ -295,23 +296,22 @@ def add_cli_parsers(subcommands: Any) -> None:
     comparison.add_argument(
         "--tolerance",
         default="5%",
+        type=_tolerance,
         metavar="TOL",
         help="growth allowed: a percentage of the base peak (5%%) or a size (64MiB); default 5%%",
     )
     comparison.set_defaults(run=_run_compare)
 
 
-def _read_for_cli(path: str) -> MemoryTable:
-    from pytest_vram.cli import CliError
-
+def _tolerance(text: str) -> Tolerance:
     try:
-        return read_junit(path)
-    except JUnitFileError as exc:
-        raise CliError(str(exc)) from None
+        return parse_tolerance(text)
+    except SizeError as exc:
+        raise UsageError(f"--tolerance: {exc}") from None
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    table = _read_for_cli(args.file)
+    table = read_junit(args.file)
     print(_summary_text(table), end="")
     return 0
 
@@ -363,19 +363,13 @@ def _summary_text(table: MemoryTable) -> str:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from pytest_vram.cli import CliError
-
-    try:
-        tolerance = parse_tolerance(args.tolerance)
-    except SizeError as exc:
-        raise CliError(f"--tolerance: {exc}") from None
-    base, head = _read_for_cli(args.base), _read_for_cli(args.head)
+    base, head = read_junit(args.base), read_junit(args.head)
     if not head.rows:
-        raise CliError(
+        raise JUnitFileError(
             f"{head.path}: none of its {head.total} test{_s(head.total)} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
-    result = compare(base.rows, head.rows, tolerance)
+    result = compare(base.rows, head.rows, args.tolerance)
     print(_compare_text(base, head, result), end="")
     return 1 if result.failed else 0
 

@@ -31,6 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from pytest_vram.errors import UsageError
 from pytest_vram.units import format_size
 
 __all__ = [
@@ -1329,9 +1330,7 @@ def _run(args: argparse.Namespace) -> int:
             attention=args.attention,
         )
     except EstimateError as exc:
-        from pytest_vram.cli import CliError
-
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
