@@ -21,12 +21,12 @@ from pytest_vram.records import STATUS_ORDER
 from pytest_vram.units import SizeError, Tolerance, format_delta, format_size, parse_tolerance
 
 __all__ = [
-    "Change",
-    "Comparison",
     "JUnitFileError",
     "MemoryTable",
+    "PeakChange",
+    "RunComparison",
     "add_cli_parsers",
-    "compare",
+    "compare_runs",
     "read_junit",
     "read_memory_table",
 ]
@@ -179,8 +179,8 @@ def _value(text: str) -> int | str:
 
 
 @dataclass
-class Change:
-    """One test's peak allocated in two runs."""
+class PeakChange:
+    """One test's peak allocated in the base run and in the head run."""
 
     name: str
     #: grown (beyond the tolerance), within-tolerance, shrunk, unchanged, new or removed.
@@ -205,17 +205,17 @@ _KIND_ORDER = ("grown", "within-tolerance", "shrunk", "new", "removed", "unchang
 
 
 @dataclass
-class Comparison:
+class RunComparison:
     """Per-test changes of ``vram_peak_allocated`` between two JUnit files."""
 
     tolerance: Tolerance
-    changes: list[Change] = field(default_factory=list)
+    changes: list[PeakChange] = field(default_factory=list)
 
-    def of_kind(self, kind: str) -> list[Change]:
+    def of_kind(self, kind: str) -> list[PeakChange]:
         return [c for c in self.changes if c.kind == kind]
 
     @property
-    def grown(self) -> list[Change]:
+    def grown(self) -> list[PeakChange]:
         """Tests that grew beyond the tolerance: these fail the comparison."""
         return self.of_kind("grown")
 
@@ -224,11 +224,11 @@ class Comparison:
         return bool(self.grown)
 
 
-def compare(
+def compare_runs(
     base_rows: list[dict[str, Any]],
     head_rows: list[dict[str, Any]],
     tolerance: str | Tolerance = "5%",
-) -> Comparison:
+) -> RunComparison:
     """Compare each test's ``vram_peak_allocated`` between two memory tables.
 
     A test grew when its head peak exceeds its base peak by more than the tolerance (a
@@ -253,9 +253,9 @@ def compare(
             kind = "shrunk"
         else:
             kind = "unchanged"
-        changes.append(Change(name=name, kind=kind, base=before, head=after))
+        changes.append(PeakChange(name=name, kind=kind, base=before, head=after))
     changes.sort(key=lambda c: (_KIND_ORDER.index(c.kind), -abs(c.delta or 0), c.name))
-    return Comparison(tolerance=tolerance, changes=changes)
+    return RunComparison(tolerance=tolerance, changes=changes)
 
 
 def _peaks(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -369,12 +369,12 @@ def _run_compare(args: argparse.Namespace) -> int:
             f"{head.path}: none of its {head.total} test{_s(head.total)} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
-    result = compare(base.rows, head.rows, args.tolerance)
+    result = compare_runs(base.rows, head.rows, args.tolerance)
     print(_compare_text(base, head, result), end="")
     return 1 if result.failed else 0
 
 
-def _compare_text(base: MemoryTable, head: MemoryTable, result: Comparison) -> str:
+def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -> str:
     lines = [
         f"base: {base.path} ({len(base.rows)} measured test{_s(len(base.rows))})",
         f"head: {head.path} ({len(head.rows)} measured test{_s(len(head.rows))})",
