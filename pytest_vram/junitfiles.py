@@ -427,7 +427,8 @@ def _devices(rows: list[dict[str, Any]]) -> list[str]:
 
 def _describe_env(env: dict[str, Any]) -> str:
     facts = [str(env.get("backend", "?"))]
-    if "device" in env:
+    # The sim and cpu backends name their device after themselves: "sim", not "sim, sim".
+    if "device" in env and str(env["device"]) != facts[0]:
         facts.append(str(env["device"]))
     for key, label in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
         if key in env:

@@ -104,9 +104,21 @@ def test_several_environments(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     main(["summary", path])
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
-        "environment: cpu, cpu",
-        "environment: sim, sim, torch 2.13.0+cpu, 80.00 GiB total",
+        "environment: cpu",
+        "environment: sim, torch 2.13.0+cpu, 80.00 GiB total",
     ]
+
+
+def test_summary_names_a_device_named_after_its_backend_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    props = {"vram_env_backend": "sim", "vram_env_device": "sim", "vram_env_torch": "2.13.0"}
+    body = "".join(f'<property name="{k}" value="{v}"/>' for k, v in props.items())
+    path = _write(
+        tmp_path, "sim.xml", _suite(f"<properties>{body}</properties>", _case("t", "a", 1))
+    )
+    assert main(["summary", path]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "environment: sim, torch 2.13.0"
 
 
 def test_bare_testsuite_root(tmp_path: Path) -> None:
