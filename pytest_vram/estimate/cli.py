@@ -39,7 +39,7 @@ gradients and optimizer states are exact and activations, logits and KV cache ar
 --config. per_gpu_bytes can be a budget: @max_vram(estimate(...).per_gpu_bytes).
 """
 
-T = TypeVar("T", str, int)
+_Choice = TypeVar("_Choice", str, int)
 
 
 def add_cli_parser(subcommands: Any) -> argparse.ArgumentParser:
@@ -95,10 +95,14 @@ def add_cli_parser(subcommands: Any) -> argparse.ArgumentParser:
 
 
 def _add_choice(
-    parser: argparse.ArgumentParser, option: str, choices: Sequence[T], default: T, help: str
+    parser: argparse.ArgumentParser,
+    option: str,
+    choices: Sequence[_Choice],
+    default: _Choice,
+    help: str,
 ) -> None:
     # choices= documents the values in --help; the type= check runs first and words the error.
-    def one_of(text: str) -> T:
+    def one_of(text: str) -> _Choice:
         for choice in choices:
             # Numbers may come padded (" 3"), as int() accepts them; names must match exactly.
             if text == str(choice) or (isinstance(choice, int) and text.strip() == str(choice)):
