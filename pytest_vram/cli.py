@@ -1,4 +1,8 @@
-"""The ``pytest-vram`` command: each subcommand lives in the module that owns its logic."""
+"""The ``pytest-vram`` command: each subcommand lives in the module that owns its logic.
+
+Exit statuses: 0 success; 1 from ``compare`` when a test grew beyond the tolerance; 2 for
+input a subcommand cannot use (argparse's own usage errors exit 2 as well).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pytest_vram import estimate, junitfiles
+from pytest_vram.errors import UsageError
 
-class CliError(Exception):
-    """A problem with the command's input: printed as ``pytest-vram: error: ...``, exit 2."""
+#: Each subcommand's error for input it cannot use; all of them exit 2.
+INPUT_ERRORS: tuple[type[Exception], ...] = (
+    UsageError,
+    estimate.EstimateError,
+    junitfiles.JUnitFileError,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pytest_vram import estimate, junitfiles
-
+    """The command's parser, with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="pytest-vram", description="GPU memory figures for PyTorch code."
     )
@@ -24,18 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns its exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        # type= callables raise UsageError while parsing, so parsing is inside the try.
+        args = parser.parse_args(argv)
         return int(args.run(args) or 0)
-    except CliError as exc:
+    except INPUT_ERRORS as exc:
         print(f"pytest-vram: error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # Under ``python -m`` this file is __main__, a second copy of the module: run the
-    # package's own main so that subcommands raise the CliError it catches.
-    from pytest_vram.cli import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

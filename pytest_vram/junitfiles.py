@@ -16,16 +16,17 @@ from xml.etree import ElementTree
 
 from junitparser import JUnitXml, JUnitXmlError, Properties
 
+from pytest_vram.errors import UsageError
 from pytest_vram.records import STATUS_ORDER
 from pytest_vram.units import SizeError, Tolerance, format_delta, format_size, parse_tolerance
 
 __all__ = [
-    "Change",
-    "Comparison",
     "JUnitFileError",
     "MemoryTable",
+    "PeakChange",
+    "RunComparison",
     "add_cli_parsers",
-    "compare",
+    "compare_runs",
     "read_junit",
     "read_memory_table",
 ]
@@ -178,8 +179,8 @@ def _value(text: str) -> int | str:
 
 
 @dataclass
-class Change:
-    """One test's peak allocated in two runs."""
+class PeakChange:
+    """One test's peak allocated in the base run and in the head run."""
 
     name: str
     #: grown (beyond the tolerance), within-tolerance, shrunk, unchanged, new or removed.
@@ -204,17 +205,17 @@ _KIND_ORDER = ("grown", "within-tolerance", "shrunk", "new", "removed", "unchang
 
 
 @dataclass
-class Comparison:
+class RunComparison:
     """Per-test changes of ``vram_peak_allocated`` between two JUnit files."""
 
     tolerance: Tolerance
-    changes: list[Change] = field(default_factory=list)
+    changes: list[PeakChange] = field(default_factory=list)
 
-    def of_kind(self, kind: str) -> list[Change]:
+    def of_kind(self, kind: str) -> list[PeakChange]:
         return [c for c in self.changes if c.kind == kind]
 
     @property
-    def grown(self) -> list[Change]:
+    def grown(self) -> list[PeakChange]:
         """Tests that grew beyond the tolerance: these fail the comparison."""
         return self.of_kind("grown")
 
@@ -223,11 +224,11 @@ class Comparison:
         return bool(self.grown)
 
 
-def compare(
+def compare_runs(
     base_rows: list[dict[str, Any]],
     head_rows: list[dict[str, Any]],
     tolerance: str | Tolerance = "5%",
-) -> Comparison:
+) -> RunComparison:
     """Compare each test's ``vram_peak_allocated`` between two memory tables.
 
     A test grew when its head peak exceeds its base peak by more than the tolerance (a
@@ -252,9 +253,9 @@ def compare(
             kind = "shrunk"
         else:
             kind = "unchanged"
-        changes.append(Change(name=name, kind=kind, base=before, head=after))
+        changes.append(PeakChange(name=name, kind=kind, base=before, head=after))
     changes.sort(key=lambda c: (_KIND_ORDER.index(c.kind), -abs(c.delta or 0), c.name))
-    return Comparison(tolerance=tolerance, changes=changes)
+    return RunComparison(tolerance=tolerance, changes=changes)
 
 
 def _peaks(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -295,23 +296,22 @@ def add_cli_parsers(subcommands: Any) -> None:
     comparison.add_argument(
         "--tolerance",
         default="5%",
+        type=_tolerance,
         metavar="TOL",
         help="growth allowed: a percentage of the base peak (5%%) or a size (64MiB); default 5%%",
     )
     comparison.set_defaults(run=_run_compare)
 
 
-def _read_for_cli(path: str) -> MemoryTable:
-    from pytest_vram.cli import CliError
-
+def _tolerance(text: str) -> Tolerance:
     try:
-        return read_junit(path)
-    except JUnitFileError as exc:
-        raise CliError(str(exc)) from None
+        return parse_tolerance(text)
+    except SizeError as exc:
+        raise UsageError(f"--tolerance: {exc}") from None
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    table = _read_for_cli(args.file)
+    table = read_junit(args.file)
     print(_summary_text(table), end="")
     return 0
 
@@ -363,24 +363,18 @@ def _summary_text(table: MemoryTable) -> str:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from pytest_vram.cli import CliError
-
-    try:
-        tolerance = parse_tolerance(args.tolerance)
-    except SizeError as exc:
-        raise CliError(f"--tolerance: {exc}") from None
-    base, head = _read_for_cli(args.base), _read_for_cli(args.head)
+    base, head = read_junit(args.base), read_junit(args.head)
     if not head.rows:
-        raise CliError(
+        raise JUnitFileError(
             f"{head.path}: none of its {head.total} test{_s(head.total)} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
-    result = compare(base.rows, head.rows, tolerance)
+    result = compare_runs(base.rows, head.rows, args.tolerance)
     print(_compare_text(base, head, result), end="")
     return 1 if result.failed else 0
 
 
-def _compare_text(base: MemoryTable, head: MemoryTable, result: Comparison) -> str:
+def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -> str:
     lines = [
         f"base: {base.path} ({len(base.rows)} measured test{_s(len(base.rows))})",
         f"head: {head.path} ({len(head.rows)} measured test{_s(len(head.rows))})",
@@ -433,7 +427,8 @@ def _devices(rows: list[dict[str, Any]]) -> list[str]:
 
 def _describe_env(env: dict[str, Any]) -> str:
     facts = [str(env.get("backend", "?"))]
-    if "device" in env:
+    # The sim and cpu backends name their device after themselves: "sim", not "sim, sim".
+    if "device" in env and str(env["device"]) != facts[0]:
         facts.append(str(env["device"]))
     for key, label in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
         if key in env:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.cli import main
-from pytest_vram.junitfiles import compare, read_junit, read_memory_table
+from pytest_vram.junitfiles import compare_runs, read_junit, read_memory_table
 from pytest_vram.units import SizeError
 
 DATA = Path(__file__).parent / "data" / "junit"
@@ -104,9 +104,21 @@ def test_several_environments(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     main(["summary", path])
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
-        "environment: cpu, cpu",
-        "environment: sim, sim, torch 2.13.0+cpu, 80.00 GiB total",
+        "environment: cpu",
+        "environment: sim, torch 2.13.0+cpu, 80.00 GiB total",
     ]
+
+
+def test_summary_names_a_device_named_after_its_backend_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    props = {"vram_env_backend": "sim", "vram_env_device": "sim", "vram_env_torch": "2.13.0"}
+    body = "".join(f'<property name="{k}" value="{v}"/>' for k, v in props.items())
+    path = _write(
+        tmp_path, "sim.xml", _suite(f"<properties>{body}</properties>", _case("t", "a", 1))
+    )
+    assert main(["summary", path]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "environment: sim, torch 2.13.0"
 
 
 def test_bare_testsuite_root(tmp_path: Path) -> None:
@@ -192,7 +204,7 @@ def test_reads_what_pytest_writes(tmp_path: Path) -> None:
 
 
 def test_compare_kinds() -> None:
-    result = compare(read_memory_table(BASE), read_memory_table(HEAD), "5%")
+    result = compare_runs(read_memory_table(BASE), read_memory_table(HEAD), "5%")
     kinds = {change.name: change.kind for change in result.changes}
     assert kinds == {
         "suites.test_training::test_train_step[llama-1b-bf16]": "grown",
@@ -212,18 +224,20 @@ def test_compare_kinds() -> None:
 
 def test_compare_size_tolerance_and_edges() -> None:
     base = [{"name": "t", "vram_peak_allocated": 100 * MiB}]
-    assert not compare(base, [{"name": "t", "vram_peak_allocated": 164 * MiB}], "64MiB").failed
-    assert compare(base, [{"name": "t", "vram_peak_allocated": 164 * MiB + 1}], "64MiB").failed
+    assert not compare_runs(base, [{"name": "t", "vram_peak_allocated": 164 * MiB}], "64MiB").failed
+    assert compare_runs(base, [{"name": "t", "vram_peak_allocated": 164 * MiB + 1}], "64MiB").failed
     # A zero base peak: any growth beyond a percentage fails, and no percentage is claimed.
-    (change,) = compare(
+    (change,) = compare_runs(
         [{"name": "z", "vram_peak_allocated": 0}], [{"name": "z", "vram_peak_allocated": 1}]
     ).changes
     assert change.kind == "grown" and change.percent is None
     # A duplicated name counts with its largest peak.
     dup = [{"name": "d", "vram_peak_allocated": 10}, {"name": "d", "vram_peak_allocated": 30}]
-    assert compare(dup, [{"name": "d", "vram_peak_allocated": 30}]).changes[0].kind == "unchanged"
+    assert (
+        compare_runs(dup, [{"name": "d", "vram_peak_allocated": 30}]).changes[0].kind == "unchanged"
+    )
     with pytest.raises(SizeError):
-        compare(base, base, "five percent")
+        compare_runs(base, base, "five percent")
 
 
 # --- the commands -------------------------------------------------------------------------------
