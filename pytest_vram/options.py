@@ -142,6 +142,18 @@ class Settings:
     #: The seed of each measured test's generators; None leaves them alone.
     seed: int | None = DEFAULT_SEED
 
+    @property
+    def measure_all(self) -> bool:
+        """Whether every test is measured, marked or not."""
+        return self.report or self.update_baselines
+
+    @property
+    def wants_session(self) -> bool:
+        """Whether the run reports or writes something even when no test is measured."""
+        return self.measure_all or self.prune_baselines or any(
+            path is not None for path in (self.json_path, self.markdown_path, self.html_path)
+        )
+
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
         """Read and check every option; a bad value is a usage error that names the option."""

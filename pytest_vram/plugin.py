@@ -1,22 +1,31 @@
-"""The pytest plugin: options, markers and fixtures. The per-test hooks live in session.py."""
+"""The pytest plugin: options, markers, fixtures, and the wiring of the session's pieces.
+
+Loaded in every pytest run of an environment where pytest-vram is installed, so it stays light:
+the session's machinery (and torch, with a backend) is imported only once a test is measured
+or an option asks for it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_vram.backends import BackendUnavailable, create_backend
 from pytest_vram.baselines import BaselineFileError, BaselineStore
-from pytest_vram.handle import VramHandle
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
-from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
-from pytest_vram.session import MEASUREMENT, VramSession, WorkerReports
+from pytest_vram.selection import MEASUREMENT, Selection
 
+if TYPE_CHECKING:
+    from pytest_vram.handle import VramHandle
+    from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
+
+SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
+SETTINGS = pytest.StashKey[Settings]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -32,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_HELP.values():
         config.addinivalue_line("markers", line)
-    settings = Settings.from_config(config)
+    settings = config.stash[SETTINGS] = Settings.from_config(config)
     if settings.backend == "cuda":
         try:
             create_backend("cuda").close()
@@ -42,26 +51,51 @@ def pytest_configure(config: pytest.Config) -> None:
         store = BaselineStore.load(settings.baseline_dir)
     except BaselineFileError as exc:
         raise pytest.UsageError(str(exc)) from None
-    session = VramSession(config, settings, store)
-    config.pluginmanager.register(session, PLUGIN_NAME)
-    if session.is_worker:
-        config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
+
+    def start_session() -> None:
+        from pytest_vram.session import VramSession, WorkerReports
+
+        if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
+            return
+        session = VramSession(config, settings, store, selection)
+        config.pluginmanager.register(session, PLUGIN_NAME)
+        if session.is_worker:
+            config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
+
+    selection = Selection(config, settings, on_measured=start_session)
+    config.pluginmanager.register(selection, SELECTION_NAME)
+    # Runs that report or write baselines need the session whatever is measured; so does a
+    # pytest-xdist controller, which collects nothing but gathers its workers' records.
+    if settings.wants_session or _is_xdist_controller(config):
+        start_session()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None or settings.seed is None or not settings.measure_all:
+        return None
+    return f"vram: measured tests start from seed {settings.seed} (--vram-seed)"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if session is not None:
-        session.close()
-        config.pluginmanager.unregister(session)
-    worker = config.pluginmanager.get_plugin(WORKER_PLUGIN_NAME)
-    if worker is not None:
-        config.pluginmanager.unregister(worker)
+    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME):
+        plugin = config.pluginmanager.get_plugin(name)
+        if plugin is not None:
+            if hasattr(plugin, "close"):
+                plugin.close()
+            config.pluginmanager.unregister(plugin)
 
 
 @pytest.fixture
 def vram(request: pytest.FixtureRequest) -> VramHandle:
     """Memory measurement for the current test: ``vram.device``, ``vram.measure()``,
     ``vram.empty_cache()``, ``vram.single_step(fn)``, ``vram.leak_check(fn)``."""
+    from pytest_vram.handle import VramHandle
+
     measurement = request.node.stash.get(MEASUREMENT, None)
     if measurement is None:
         pytest.fail(

@@ -7,42 +7,61 @@ plugin's ``modifyitems``, a ``file::test`` argument) left the test out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_vram.marks import MarkerError, VramMarks, read_marks
+from pytest_vram.options import Settings
 
-__all__ = ["MARKER_ERROR", "MARKS", "VRAM_FIXTURES", "Selection"]
+if TYPE_CHECKING:
+    from pytest_vram.measurement import TestMeasurement
+
+__all__ = ["MARKER_ERROR", "MARKS", "MEASUREMENT", "VRAM_FIXTURES", "Selection"]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
 #: Set on the tests that are measured: their parsed markers.
 MARKS = pytest.StashKey[VramMarks]()
 #: Set on a test whose vram markers are malformed; its setup reports the error.
 MARKER_ERROR = pytest.StashKey[MarkerError]()
+#: Set on a measured test while it runs: what the vram fixture hands the test.
+MEASUREMENT: pytest.StashKey[TestMeasurement] = pytest.StashKey()
 
 
 class Selection:
-    """Reads each test's markers once and remembers what collection kept and left out."""
+    """Reads each test's markers once and remembers what collection kept and left out; calls
+    ``on_measured`` once collection has found a test to measure."""
 
-    def __init__(self, config: pytest.Config, *, measure_all: bool) -> None:
+    def __init__(
+        self, config: pytest.Config, settings: Settings, on_measured: Callable[[], Any]
+    ) -> None:
         self.config = config
-        self.measure_all = measure_all
+        self.measure_all = settings.measure_all
+        self._on_measured = on_measured
         #: Node ids of the tests collected, before any plugin's modifyitems removed some.
         self.collected: set[str] | None = None
         #: Node ids that filters deselected: they exist.
         self.deselected: set[str] = set()
 
-    def collected_items(self, items: Iterable[pytest.Item]) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # tryfirst: the full collection, before -k/-m or plugins deselect, tells stale entries.
         self.collected = {item.nodeid for item in items}
 
-    def deselected_items(self, items: Iterable[pytest.Item]) -> None:
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.deselected.update(item.nodeid for item in items)
 
-    def mark_measured(self, items: Iterable[pytest.Item]) -> None:
-        """Stash the parsed markers of each test that is measured. Run after every plugin's
-        modifyitems, so that markers they add count."""
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After every plugin's modifyitems, so that the markers they add count. Reading them
+        # here, once, also keeps the parsing out of each test's setup.
+        if self.mark_measured(session.items):
+            self._on_measured()
+
+    def mark_measured(self, items: Iterable[pytest.Item]) -> bool:
+        """Stash the parsed markers of each test that is measured; whether there is one."""
+        measured = False
         for item in items:
             try:
                 marks, invalid = read_marks(list(item.iter_markers())), False
@@ -56,6 +75,8 @@ class Selection:
                 or not VRAM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
             ):
                 item.stash[MARKS] = marks
+                measured = True
+        return measured
 
     def stale(self, nodeids: Iterable[str]) -> list[str]:
         """Those of ``nodeids`` whose tests no longer exist: their file is gone, or this run

@@ -26,7 +26,7 @@ from pytest_vram.records import TestRecord
 from pytest_vram.report import build_document, junit_properties, terminal_lines
 from pytest_vram.scenarios import LeakError
 from pytest_vram.seeding import seed_generators
-from pytest_vram.selection import MARKER_ERROR, MARKS, Selection
+from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
@@ -34,7 +34,6 @@ from pytest_vram.writer import BaselineWriter, write_outputs
 
 __all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
-MEASUREMENT = pytest.StashKey[TestMeasurement]()
 VERDICT = pytest.StashKey[Verdict]()
 #: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
 RAISED = pytest.StashKey[BaseException]()
@@ -54,7 +53,13 @@ _SUITE_ENVIRONMENT_KEYS = (
 class VramSession:
     """The plugin's state for one pytest session (one per xdist worker, and the controller)."""
 
-    def __init__(self, config: pytest.Config, settings: Settings, store: BaselineStore) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: Settings,
+        store: BaselineStore,
+        selection: Selection,
+    ) -> None:
         self.config = config
         self.settings = settings
         self.store = store
@@ -63,9 +68,7 @@ class VramSession:
         self.junit_properties = settings.junit_properties and bool(
             config.getoption("xmlpath", None)
         )
-        self.selection = Selection(
-            config, measure_all=settings.report or settings.update_baselines
-        )
+        self.selection = selection
         self.pool = BackendPool(settings, config.hook)
         self.records: list[TestRecord] = []
         self.environments: dict[str, dict[str, Any]] = self.pool.environments
@@ -78,25 +81,6 @@ class VramSession:
 
     def close(self) -> None:
         self.pool.close()
-
-    # -- collection -----------------------------------------------------------------------
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        # tryfirst: the full collection, before -k/-m or plugins deselect, tells stale entries.
-        self.selection.collected_items(items)
-
-    def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        self.selection.deselected_items(items)
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.selection.mark_measured(session.items)
-
-    def pytest_report_header(self, config: pytest.Config) -> str | None:
-        measuring_all = self.settings.report or self.settings.update_baselines
-        if self.settings.seed is None or not measuring_all:
-            return None
-        return f"vram: measured tests start from seed {self.settings.seed} (--vram-seed)"
 
     # -- the test's phases ----------------------------------------------------------------
 
