@@ -154,7 +154,9 @@ def test_the_library_is_built_once_into_the_cache(
 ) -> None:
     path = cpu_allocator.library_path()
     assert path.parent == fresh_cache
-    assert list(fresh_cache.iterdir()) == [path]  # no partial files left behind
+    stamp = cpu_allocator.stamp_path(path)
+    lock = fresh_cache / "cpu_allocator.lock"
+    assert sorted(fresh_cache.iterdir()) == sorted([path, stamp, lock])  # no partial files
     # Loaded apart (never installed: the process has its counter already), it is whole.
     library = ctypes.CDLL(str(path))
     assert library.pytest_vram_counter_layout() == 0
