@@ -144,6 +144,8 @@ def test_a_fifth_counter_at_once_is_refused_with_a_clear_error() -> None:
 def fresh_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """As in a new process on a new machine: nothing loaded yet, an empty cache directory."""
     monkeypatch.setattr(cpu_allocator, "_library", None)
+    monkeypatch.setattr(cpu_allocator, "_cache_note", None)
+    monkeypatch.setattr(cpu_allocator, "_loaded_note", None)
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

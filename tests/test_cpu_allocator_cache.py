@@ -152,6 +152,8 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, built: Path) -> Path:
     """A cache holding a good library, nothing loaded yet, and a temporary directory of the
     test's own (for the fallback cache)."""
     monkeypatch.setattr(cpu_allocator, "_library", None)
+    monkeypatch.setattr(cpu_allocator, "_cache_note", None)  # restored after the test
+    monkeypatch.setattr(cpu_allocator, "_loaded_note", None)
     directory = tmp_path / "cache"
     directory.mkdir()
     shutil.copy2(built, directory / built.name)
@@ -207,7 +209,7 @@ def test_a_library_that_fails_its_stamp_is_rebuilt_not_loaded(
     assert library.pytest_vram_counter_layout() == 0  # loaded apart, never installed
     assert cpu_allocator.check_library(path, _key()) is None
     assert not list(cache.glob("*.tmp"))
-    assert cpu_allocator.notes() == []  # the cache itself was fine
+    assert cpu_allocator._cache_note is None  # the cache itself was fine
 
 
 def test_a_rebuild_replaces_the_file_and_never_writes_into_the_old_one(cache: Path) -> None:
@@ -246,7 +248,7 @@ def test_a_cache_dir_that_is_a_file_builds_into_the_temporary_cache(
     assert path.parent == Path(tempfile.gettempdir()) / f"pytest-vram-{os.geteuid()}"
     assert cpu_allocator.check_library(path, _key()) is None
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    (note,) = cpu_allocator.notes()
+    note = cpu_allocator._cache_note or ""
     assert f"{blocked} is a file, not a directory" in note
     assert "built into" in note and str(path.parent) in note
     assert blocked.read_text() == "not a directory"
@@ -260,7 +262,7 @@ def test_a_cache_dir_under_a_file_builds_into_the_temporary_cache(
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(blocked / "cache"))
     path = cpu_allocator.library_path()
     assert path.parent.name == f"pytest-vram-{os.geteuid()}"
-    (note,) = cpu_allocator.notes()
+    note = cpu_allocator._cache_note or ""
     assert "Not a directory" in note
 
 
@@ -273,7 +275,7 @@ def test_a_read_only_cache_with_a_good_library_is_used_as_it_is(
 
     monkeypatch.setattr(cpu_allocator, "_build_lock", no_writes)
     assert cpu_allocator.library_path() == cache / _name()
-    assert cpu_allocator.notes() == []
+    assert cpu_allocator._cache_note is None
 
 
 def test_a_temporary_cache_that_others_can_write_is_not_used(

@@ -284,7 +284,10 @@ def library_path() -> Path:
 
 
 _library: ctypes.CDLL | None = None
+# Why the last library_path() built outside the configured cache, and that note as it stood
+# for the library load() installed.
 _cache_note: str | None = None
+_loaded_note: str | None = None
 
 
 def open_library() -> tuple[ctypes.CDLL, Path]:
@@ -305,13 +308,13 @@ def open_library() -> tuple[ctypes.CDLL, Path]:
 
 
 def notes() -> list[str]:
-    """What the user should know about how the counter was loaded (a cache not used)."""
-    return [_cache_note] if _cache_note else []
+    """What the user should know about the installed counter's library (a cache not used)."""
+    return [_loaded_note] if _loaded_note else []
 
 
 def load() -> ctypes.CDLL:
     """The counting allocator's library, installed as PyTorch's CPU allocator (once a process)."""
-    global _library
+    global _library, _loaded_note
     if _library is not None:
         return _library
     library, target = open_library()
@@ -337,7 +340,7 @@ def load() -> ctypes.CDLL:
         raise CounterUnavailable(
             "another CPU allocator was installed with a higher priority; it is left in place"
         )
-    _library = library
+    _library, _loaded_note = library, _cache_note
     return library
 
 
