@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 __all__ = [
     "ACCEPTED_SIZE_FORMS",
@@ -34,8 +34,9 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
 }
 _SI_UNITS = frozenset({"kb", "mb", "gb", "tb"})
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?) ?([A-Za-z]*)$")
-_PERCENT_RE = re.compile(r"^(\d+(?:\.\d+)?) ?%$")
+# ASCII digits only: ``\d`` would also take full-width and other scripts' digits ("７２GB").
+_SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?([A-Za-z]*)$")
+_PERCENT_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?%$")
 
 ACCEPTED_SIZE_FORMS = (
     "an int of bytes, or a number with an optional unit: B, kB/KB/MB/GB/TB (powers of 1000) "
@@ -48,27 +49,61 @@ class SizeError(ValueError):
     """A size or tolerance that is not in one of the accepted forms."""
 
 
-def parse_size(value: object) -> int:
-    """Return ``value`` in bytes; raise :class:`SizeError` naming the value otherwise."""
-    if isinstance(value, bool):
-        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+class _Invalid(Exception):
+    """Why a value is not a size, for the public functions to put in their own message."""
+
+
+def _bytes(value: object) -> int:
+    """``value`` in bytes; raise :class:`_Invalid` with the reason (or none) otherwise."""
+    if isinstance(value, bool):  # an int subclass, but never meant as a number of bytes
+        raise _Invalid("")
     if isinstance(value, int):
         if value < 0:
-            raise SizeError(
-                f"invalid size {value!r}: sizes cannot be negative; expected {ACCEPTED_SIZE_FORMS}"
-            )
+            raise _Invalid("sizes cannot be negative")
         return value
-    if not isinstance(value, str):
-        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+    if not isinstance(value, str) or not value.isascii():
+        # str.strip() and the unit letters would otherwise let in non-ASCII look-alikes.
+        raise _Invalid("")
     match = _SIZE_RE.match(value.strip())
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}")
+        raise _Invalid("")
     try:
-        number = Decimal(match.group(1))
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise SizeError(f"invalid size {value!r}: expected {ACCEPTED_SIZE_FORMS}") from None
-    return int(number * _UNITS[unit])
+        # Exact: a Decimal would round a long fraction to its context's precision.
+        nbytes = Fraction(match.group(1)) * _UNITS[unit]
+    except ValueError:  # more digits than Python converts to an int
+        raise _Invalid("too many digits") from None
+    if nbytes.denominator != 1:
+        raise _Invalid(_not_whole(nbytes, len(match.group(1).partition(".")[2])))
+    return int(nbytes)
+
+
+def _not_whole(nbytes: Fraction, decimals: int) -> str:
+    """The reason a fractional byte count is refused, with the count written out exactly (a
+    number with ``decimals`` decimals times a unit has at most that many)."""
+    try:
+        digits = str(int(nbytes * 10**decimals)).rjust(decimals + 1, "0")
+    except ValueError:  # more digits than Python writes out; the message names the value anyway
+        return "not a whole number of bytes"
+    exact = f"{digits[:-decimals]}.{digits[-decimals:].rstrip('0')}"
+    return f"that is {exact} bytes, not a whole number of bytes"
+
+
+def _problem(kind: str, value: object, reason: str, expected: str) -> SizeError:
+    because = f"{reason}; " if reason else ""
+    return SizeError(f"invalid {kind} {value!r}: {because}expected {expected}")
+
+
+def parse_size(value: object) -> int:
+    """Return ``value`` in bytes; raise :class:`SizeError` naming the value otherwise.
+
+    A string must come to a whole number of bytes once its unit is applied: ``"0.5KiB"`` is
+    512 bytes, ``"0.5B"`` is an error rather than a budget of 0 bytes.
+    """
+    try:
+        return _bytes(value)
+    except _Invalid as exc:
+        raise _problem("size", value, str(exc), ACCEPTED_SIZE_FORMS) from None
 
 
 def is_si(value: object) -> bool:
@@ -128,15 +163,13 @@ def parse_tolerance(value: object) -> Tolerance:
     """``"5%"`` or a size; raise :class:`SizeError` naming the value otherwise."""
     if isinstance(value, Tolerance):
         return value
-    if isinstance(value, str):
+    if isinstance(value, str) and value.isascii():
         match = _PERCENT_RE.match(value.strip())
         if match:
             return Tolerance(percent=float(match.group(1)), text=value.strip())
     try:
-        nbytes = parse_size(value)
-    except SizeError:
-        raise SizeError(
-            f"invalid tolerance {value!r}: expected {ACCEPTED_TOLERANCE_FORMS}"
-        ) from None
+        nbytes = _bytes(value)
+    except _Invalid as exc:
+        raise _problem("tolerance", value, str(exc), ACCEPTED_TOLERANCE_FORMS) from None
     text = value.strip() if isinstance(value, str) else format_size(nbytes)
     return Tolerance(nbytes=nbytes, text=text)

@@ -144,6 +144,8 @@ def test_a_fifth_counter_at_once_is_refused_with_a_clear_error() -> None:
 def fresh_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """As in a new process on a new machine: nothing loaded yet, an empty cache directory."""
     monkeypatch.setattr(cpu_allocator, "_library", None)
+    monkeypatch.setattr(cpu_allocator, "_cache_note", None)
+    monkeypatch.setattr(cpu_allocator, "_loaded_note", None)
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
@@ -154,7 +156,9 @@ def test_the_library_is_built_once_into_the_cache(
 ) -> None:
     path = cpu_allocator.library_path()
     assert path.parent == fresh_cache
-    assert list(fresh_cache.iterdir()) == [path]  # no partial files left behind
+    stamp = cpu_allocator.stamp_path(path)
+    lock = fresh_cache / "cpu_allocator.lock"
+    assert sorted(fresh_cache.iterdir()) == sorted([path, stamp, lock])  # no partial files
     # Loaded apart (never installed: the process has its counter already), it is whole.
     library = ctypes.CDLL(str(path))
     assert library.pytest_vram_counter_layout() == 0

@@ -11,6 +11,7 @@ from pytest_vram.units import (
     describe_size,
     format_delta,
     format_size,
+    is_si,
     parse_size,
     parse_tolerance,
 )
@@ -232,3 +233,100 @@ def test_tolerance_allowance_is_whole_bytes() -> None:
     allowance = parse_tolerance("5%").allowance(1001)
     assert type(allowance) is int
     assert allowance == 50
+
+
+# -- whole bytes, ASCII only ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "nbytes"),
+    [("0.5B", "0.5"), ("1.0001KB", "1000.1"), ("0.3MiB", "314572.8"), ("1.5", "1.5")],
+)
+def test_parse_size_rejects_a_fraction_of_a_byte(value: str, nbytes: str) -> None:
+    # "0.5B" used to become a budget of 0 bytes, which every test exceeds.
+    with pytest.raises(SizeError) as info:
+        parse_size(value)
+    message = str(info.value)
+    assert repr(value) in message
+    assert f"that is {nbytes} bytes, not a whole number of bytes" in message
+    assert ACCEPTED_SIZE_FORMS in message
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0.5KiB", 512), ("1.0B", 1), ("1.000KB", 1000), ("0.001KB", 1), ("1.25GiB", 5 * GiB // 4)],
+)
+def test_parse_size_accepts_a_fraction_that_comes_to_whole_bytes(value: str, expected: int) -> None:
+    assert parse_size(value) == expected
+
+
+def test_parse_size_is_exact_however_long_the_fraction() -> None:
+    # A Decimal multiplication would round this to 2 TiB in its default 28-digit precision.
+    with pytest.raises(SizeError, match="not a whole number of bytes"):
+        parse_size("2.00000000000000000000000000000001TiB")
+    assert parse_size("1" * 40 + "B") == int("1" * 40)
+
+
+def test_parse_size_refuses_more_digits_than_python_converts_with_a_size_error() -> None:
+    value = "1." + "5" * 5000 + "B"
+    with pytest.raises(SizeError, match="too many digits") as info:
+        parse_size(value)
+    assert ACCEPTED_SIZE_FORMS in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "７２GB",  # full-width digits
+        "72ＧＢ",  # full-width letters
+        "٧٢GB",  # Arabic-Indic digits
+        "७२GB",  # Devanagari digits
+        "72GB\u3000",  # an ideographic space, which str.strip() would remove
+        "\u00a072GB",  # a no-break space
+        "72\u00a0GB",
+        "1.5GİB",  # a dotted capital I, which lower() turns into two characters
+        "７２",
+    ],
+)
+def test_parse_size_rejects_non_ascii_characters(value: str) -> None:
+    with pytest.raises(SizeError) as info:
+        parse_size(value)
+    assert repr(value) in str(info.value)
+    assert ACCEPTED_SIZE_FORMS in str(info.value)
+
+
+@pytest.mark.parametrize("value", [True, False, -1, -(2**70)])
+def test_parse_size_rejects_bools_and_negative_ints(value: int) -> None:
+    with pytest.raises(SizeError) as info:
+        parse_size(value)
+    assert repr(value) in str(info.value)
+    assert ACCEPTED_SIZE_FORMS in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["５%", "５0%", "0.５%", "5%\u3000", "６４MiB", "0.5B", "1.0001KB", "-5%", "-64MiB", -1, True],
+)
+def test_parse_tolerance_rejects_non_ascii_negative_and_fractional_bytes(value: object) -> None:
+    with pytest.raises(SizeError) as info:
+        parse_tolerance(value)
+    message = str(info.value)
+    assert f"invalid tolerance {value!r}" in message
+    assert ACCEPTED_SIZE_FORMS in message
+
+
+def test_parse_tolerance_says_why_a_size_is_refused() -> None:
+    with pytest.raises(SizeError, match=r"that is 0\.5 bytes, not a whole number of bytes"):
+        parse_tolerance("0.5B")
+    with pytest.raises(SizeError, match="sizes cannot be negative"):
+        parse_tolerance(-1)
+
+
+def test_a_fractional_percentage_is_still_a_tolerance() -> None:
+    assert parse_tolerance("0.5%").percent == 0.5
+    assert parse_tolerance("0.5KiB").nbytes == 512
+
+
+def test_is_si_is_false_for_non_ascii_digits() -> None:
+    assert is_si("72GB")
+    assert not is_si("７２GB")

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pytest_vram.backends import CPU_COUNTERS
+from pytest_vram.backends import CPU_COUNTERS, cpu_allocator
 from pytest_vram.backends.base import Backend, BackendUnavailable
 from pytest_vram.backends.cpu_allocator import AllocatorCounter, CounterUnavailable
 
@@ -90,7 +90,7 @@ class CpuBackend(Backend):
         if counter == "dispatch":
             return DispatchCounter()
         try:
-            return AllocatorCounter()
+            allocator = AllocatorCounter()
         except CounterUnavailable as exc:
             if counter == "allocator":
                 raise BackendUnavailable(f"the cpu backend's allocator counter: {exc}") from None
@@ -99,6 +99,8 @@ class CpuBackend(Backend):
                 f"allocate for themselves: {exc}"
             )
             return DispatchCounter()
+        self._notes += cpu_allocator.notes()  # where the library came from, if not the cache
+        return allocator
 
     def total_memory(self) -> int | None:
         try:

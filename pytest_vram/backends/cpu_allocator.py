@@ -8,8 +8,12 @@ op; it also sees what kernels allocate for themselves, as the CUDA allocator's f
 The library is compiled once per torch build with the system's C++ compiler (about a second) and
 kept in a cache directory: ``$PYTEST_VRAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-vram``, else
 ``~/.cache/pytest-vram``. It only needs torch's headers and ``libc10``, which every torch wheel
-ships. Where it cannot be built or loaded, :func:`load` raises :class:`CounterUnavailable` with
-the reason, and the cpu backend falls back to counting from Python.
+ships. Beside it a build stamp records its size and sha256 and what it was built for; a library
+that does not match its stamp (damaged, truncated, or another file at that name) is never
+loaded but built anew, into a new file renamed over the old. Where the cache directory cannot
+be written, the library is built into a cache of this user's under the temporary directory.
+Where it cannot be built or loaded, :func:`load` raises :class:`CounterUnavailable` with the
+reason, and the cpu backend falls back to counting from Python.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,14 +37,18 @@ __all__ = [
     "AllocatorCounter",
     "CounterUnavailable",
     "cache_dir",
+    "check_library",
     "find_compiler",
     "library_path",
     "load",
+    "notes",
     "open_library",
+    "stamp_path",
 ]
 
 SOURCE = Path(__file__).with_name("cpu_allocator.cpp")
 _COMPILE_TIMEOUT_S = 300
+_STAMP_VERSION = 1
 
 
 class CounterUnavailable(Exception):
@@ -65,7 +76,8 @@ def find_compiler() -> str | None:
     return None
 
 
-def _library_name(source: bytes, compiler: str) -> str:
+def _build_key(source: bytes, compiler: str) -> str:
+    """What a library is built from: a library built for another key is not this one."""
     _, lib = _torch_dirs()
     key = "\0".join(
         [
@@ -77,15 +89,117 @@ def _library_name(source: bytes, compiler: str) -> str:
             sys.platform,
         ]
     )
-    return f"cpu_allocator-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _build(compiler: str, target: Path) -> None:
+def _library_name(source: bytes, compiler: str) -> str:
+    return f"cpu_allocator-{_build_key(source, compiler)[:16]}.so"
+
+
+def stamp_path(library: Path) -> Path:
+    """The build stamp beside ``library``: its size and sha256, and the key it was built for."""
+    return library.with_suffix(".stamp")
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    data = path.read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def check_library(library: Path, key: str) -> str | None:
+    """Why ``library`` is not the complete library its stamp says was built for ``key``, or
+    None when it is. Only a library that passes is loaded: dlopen of a truncated file kills the
+    process with SIGBUS, and another file at that name lacks the counter's symbols."""
+    try:
+        stamp = json.loads(stamp_path(library).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no build stamp"
+    except (OSError, ValueError) as exc:
+        return f"its build stamp cannot be read ({_reason(exc)})"
+    if not isinstance(stamp, dict) or stamp.get("version") != _STAMP_VERSION:
+        return "its build stamp is not one this version of pytest-vram writes"
+    if stamp.get("key") != key:
+        return "it was built for another torch, compiler or source"
+    try:
+        size = library.stat().st_size
+        if size == stamp.get("size"):  # hash only what may match
+            size, sha256 = _digest(library)
+        else:
+            sha256 = ""
+    except OSError as exc:
+        return f"it cannot be read ({_reason(exc)})"
+    if (size, sha256) != (stamp.get("size"), stamp.get("sha256")):
+        return "it is not the file its build stamp describes (damaged or replaced)"
+    return None
+
+
+def _reason(exc: OSError | ValueError) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
+class _CacheUnusable(Exception):
+    """A cache directory that cannot hold a new library; another may."""
+
+
+def _private_temp_cache() -> Path:
+    """A cache of this user's own under the temporary directory, for when the configured one
+    cannot be written. A directory there that another user could write is not used: a library
+    planted in it would run in this process."""
+    directory = Path(tempfile.gettempdir()) / f"pytest-vram-{os.geteuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError as exc:
+        raise _CacheUnusable(f"cannot create {directory} ({_reason(exc)})") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise _CacheUnusable(f"{directory} is not a directory of this user's")
+    if info.st_mode & 0o022:
+        raise _CacheUnusable(f"{directory} can be written by other users")
+    return directory
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Held while a library and its stamp are replaced: pytest-xdist workers that find none
+    wait for the first to build it instead of each building their own."""
+    import fcntl  # POSIX only, like building the library at all
+
+    if directory.exists() and not directory.is_dir():
+        raise _CacheUnusable(f"{directory} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / "cpu_allocator.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _CacheUnusable(f"cannot write to {directory} ({_reason(exc)})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_stamp(library: Path, key: str, size: int, sha256: str) -> None:
+    stamp = {"version": _STAMP_VERSION, "key": key, "size": size, "sha256": sha256}
+    fd, partial = tempfile.mkstemp(prefix=library.stem + "-", suffix=".tmp", dir=library.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump(stamp, file)
+        os.chmod(partial, 0o644)  # as readable as the library
+        os.replace(partial, stamp_path(library))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+
+
+def _build(compiler: str, target: Path, key: str) -> None:
+    """Build ``target`` and then its stamp, each into a new file renamed into place: a library
+    that a running process has mapped is never written over (that process would die of SIGBUS
+    when it next touched the changed pages), and a reader sees a whole file or none."""
     include, lib = _torch_dirs()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Several pytest-xdist workers may build at once: each writes its own file, the last
-    # rename wins, and every one of them is a complete library.
-    fd, partial = tempfile.mkstemp(prefix=target.stem + "-", suffix=".so", dir=target.parent)
+    try:
+        fd, partial = tempfile.mkstemp(prefix=target.stem + "-", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _CacheUnusable(f"cannot write to {target.parent} ({_reason(exc)})") from None
     os.close(fd)
     command = [
         compiler,
@@ -112,38 +226,80 @@ def _build(compiler: str, target: Path) -> None:
             raise CounterUnavailable(
                 f"{Path(compiler).name} could not build {SOURCE.name}: {first_error}"
             )
+        # mkstemp made the file private; a cache that users share needs it readable, as a
+        # compiler's own output is.
+        os.chmod(partial, 0o755)
+        size, sha256 = _digest(Path(partial))
         os.replace(partial, target)
+        _write_stamp(target, key, size, sha256)
     except (OSError, subprocess.SubprocessError) as exc:
         raise CounterUnavailable(f"building {SOURCE.name} failed: {exc}") from exc
     finally:
-        if os.path.exists(partial):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
 
 
+def _library_in(directory: Path, name: str, key: str, compiler: str) -> Path:
+    """The library in ``directory``, checked against its stamp, built anew when it fails."""
+    target = directory / name
+    if check_library(target, key) is None:
+        return target  # the common case: read only, no lock, nothing written
+    with _build_lock(directory):
+        # Another process may have built it while this one waited for the lock.
+        if check_library(target, key) is not None:
+            _build(compiler, target, key)
+    return target
+
+
 def library_path() -> Path:
-    """The built library for this torch, built first if the cache has none."""
+    """The built library for this torch, checked against its build stamp, and built first if
+    the cache has no library that passes. Where the cache directory cannot be written, the
+    library is built into a cache of this user's under the temporary directory."""
+    global _cache_note
+    _cache_note = None
     if sys.platform == "win32":
         raise CounterUnavailable("building the counting allocator is not supported on Windows")
     compiler = find_compiler()
     if compiler is None:
         raise CounterUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
-    target = cache_dir() / _library_name(SOURCE.read_bytes(), compiler)
-    if not target.exists():
-        _build(compiler, target)
-    return target
+    source = SOURCE.read_bytes()
+    key, name = _build_key(source, compiler), _library_name(source, compiler)
+    configured = cache_dir()
+    try:
+        return _library_in(configured, name, key, compiler)
+    except _CacheUnusable as exc:
+        problem = str(exc)
+    try:
+        path = _library_in(_private_temp_cache(), name, key, compiler)
+    except _CacheUnusable as exc:
+        raise CounterUnavailable(
+            f"no cache directory to build the counting allocator into: {problem}; {exc} "
+            "(set PYTEST_VRAM_CACHE_DIR to a writable directory)"
+        ) from None
+    _cache_note = (
+        f"the cpu counter's cache {configured} is not usable ({problem}); it was built into "
+        f"{path.parent} instead (set PYTEST_VRAM_CACHE_DIR to a writable directory)"
+    )
+    return path
 
 
 _library: ctypes.CDLL | None = None
+# Why the last library_path() built outside the configured cache, and that note as it stood
+# for the library load() installed.
+_cache_note: str | None = None
+_loaded_note: str | None = None
 
 
 def open_library() -> tuple[ctypes.CDLL, Path]:
-    """The built library, loaded but not installed, and its path. A cached library that no
-    longer loads (a torch reinstalled in place, a damaged file) is built anew, once."""
+    """The built library, loaded but not installed, and its path. A library that matches its
+    stamp and still does not load (a torch reinstalled in place) is built anew, once."""
     target = library_path()
     try:
         return ctypes.CDLL(str(target)), target
     except OSError:
-        target.unlink(missing_ok=True)
+        # Unlinked, never truncated: a process that has it mapped keeps its copy.
+        with contextlib.suppress(OSError):
+            stamp_path(target).unlink()
     target = library_path()
     try:
         return ctypes.CDLL(str(target)), target
@@ -151,9 +307,14 @@ def open_library() -> tuple[ctypes.CDLL, Path]:
         raise CounterUnavailable(f"could not load {target}: {exc}") from exc
 
 
+def notes() -> list[str]:
+    """What the user should know about the installed counter's library (a cache not used)."""
+    return [_loaded_note] if _loaded_note else []
+
+
 def load() -> ctypes.CDLL:
     """The counting allocator's library, installed as PyTorch's CPU allocator (once a process)."""
-    global _library
+    global _library, _loaded_note
     if _library is not None:
         return _library
     library, target = open_library()
@@ -167,7 +328,10 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_counter_layout", ctypes.c_int, []),
         ("pytest_vram_reset_peak", None, [handle]),
     ]:
-        function = getattr(library, name)
+        try:
+            function = getattr(library, name)
+        except AttributeError:
+            raise CounterUnavailable(f"{target} is not pytest-vram's counter: no {name}") from None
         function.restype = restype
         function.argtypes = argtypes
     if library.pytest_vram_counter_layout() != 0:
@@ -176,7 +340,7 @@ def load() -> ctypes.CDLL:
         raise CounterUnavailable(
             "another CPU allocator was installed with a higher priority; it is left in place"
         )
-    _library = library
+    _library, _loaded_note = library, _cache_note
     return library
 
 
