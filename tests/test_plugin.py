@@ -140,7 +140,8 @@ def test_xdist_workers_build_the_counter_into_an_empty_cache_together(
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*test_counted?0?*cpu*1.00 KiB*"])
     assert "counts from Python" not in result.stdout.str()
-    assert [path.suffix for path in cache.iterdir()] == [".so"]  # one library, no partial files
+    # One library, its build stamp and the build lock; no partial files.
+    assert sorted(path.suffix for path in cache.iterdir()) == [".lock", ".so", ".stamp"]
 
 
 @pytest.mark.slow
