@@ -235,9 +235,7 @@ def leak_check(
         collected = probe.allocated()
         confirmed = collected - baseline
         if collected - min(series) > allowed:
-            leaked, sustained = _confirm(
-                probe, fn, series, collected, steps, allowed, confirmation
-            )
+            leaked, sustained = _confirm(probe, fn, series, collected, steps, allowed, confirmation)
     result = LeakCheckResult(
         per_step=per_step,
         baseline=baseline,
