@@ -45,7 +45,10 @@ def _release_frames(exc: BaseException | None) -> None:
             # Python 3.11 keeps a materialised f_locals dict after frame.clear(); reading it
             # again syncs it with the now empty frame.
             tb.tb_frame.f_locals  # noqa: B018
-            tb = tb.tb_next
+            # A cleared frame still holds its function, and a closure's cells what the step
+            # computed. Unlink the traceback, so that whoever keeps the exception (pytest's
+            # CallInfo, a hook recorder) keeps none of the frames below the one that caught it.
+            tb.tb_next, tb = None, tb.tb_next
         if exc.__cause__ is not None:
             _release_frames(exc.__cause__)
         exc = exc.__context__

@@ -75,11 +75,14 @@ class LeakCheckResult:
     steps: int
     warmup: int
     tolerance: Tolerance
-    #: Growth per step that recurs through the whole run (one-off allocations excluded).
+    #: How fast the floor of memory (its lower envelope) rose, in bytes per step: over the
+    #: confirmation steps when they ran, else over the measured steps.
     sustained_per_step: float
     #: Growth still there after a full garbage collection, or None when none was needed.
     confirmed: int | None
     leaked: bool
+    #: Allocated bytes after each confirmation step, run only when a leak was suspected.
+    confirmation: list[int] = field(default_factory=list)
 
     @property
     def growth(self) -> int:
@@ -103,12 +106,17 @@ class LeakCheckResult:
         }
 
     def describe(self) -> str:
+        rising = ""
+        if self.confirmation:
+            rising = f", and its floor kept rising over {len(self.confirmation)} more steps"
         return (
             f"memory grew by {format_delta(self.growth)} over {self.steps} steps after "
             f"{self.warmup} warm-up steps ({format_size(self.baseline)} -> "
-            f"{format_size(self.baseline + self.growth)}), about "
-            f"{format_delta(round(self.sustained_per_step))} every step; still there after "
-            f"garbage collection: {format_delta(self.confirmed or 0)}; tolerance {self.tolerance}"
+            f"{format_size(self.baseline + self.growth)}), its floor rising about "
+            f"{format_delta(round(self.sustained_per_step))} every step{rising}; still there "
+            f"after garbage collection: {format_delta(self.confirmed or 0)}; tolerance "
+            f"{self.tolerance}, about {format_delta(round(self.sustained_per_step * self.steps))} "
+            f"over {self.steps} steps"
         )
 
 
@@ -120,26 +128,56 @@ def empty_cache(probe: Probe) -> EmptyCacheResult:
 
 
 def single_step(probe: Probe, fn: Callable[[], Any]) -> SingleStepResult:
-    """Reset the peak, run ``fn()`` once, and report the peak over it."""
-    probe.reset_peak()
-    before = probe.allocated()
-    value = fn()
-    return SingleStepResult(peak=probe.peak(), before=before, after=probe.allocated(), value=value)
+    """Reset the peak, run ``fn()`` once, and report the peak over it.
 
-
-def sustained_growth_per_step(series: list[int], segments: int = 5) -> float:
-    """Growth per step that recurs: the second-fastest growth among ``segments`` equal parts
-    of ``series``. A one-off allocation lands in one part and is ignored; a leak, steady,
-    periodic or starting late, grows in at least two parts."""
-    steps = len(series) - 1
-    if steps < 2:
-        return float(max(0, series[-1] - series[0])) if steps == 1 else 0.0
-    count = min(segments, steps)
-    bounds = [round(i * steps / count) for i in range(count + 1)]
-    rates = sorted(
-        (series[end] - series[start]) / (end - start) for start, end in itertools.pairwise(bounds)
+    A probe with peak windows (the test's measurement) is read through one, so that a
+    ``vram.measure()`` block inside the step, or a step inside such a block, costs neither
+    its maximum."""
+    open_window = getattr(probe, "open_window", None)
+    if open_window is None:
+        probe.reset_peak()
+        before = probe.allocated()
+        value = fn()
+        return SingleStepResult(
+            peak=probe.peak(), before=before, after=probe.allocated(), value=value
+        )
+    window = open_window()
+    before = window.allocated
+    try:
+        value = fn()
+    finally:
+        probe.close_window(window)  # type: ignore[attr-defined]
+    return SingleStepResult(
+        peak=window.allocated, before=before, after=probe.allocated(), value=value
     )
-    return max(0.0, rates[-2])
+
+
+#: The confirmation steps are judged in this many blocks: the chance that the floors of as
+#: many blocks of bounded, shuffled memory rise block after block is 1 in 10! (3.6 million).
+CONFIRMATION_BLOCKS = 10
+#: The confirmation runs at most this many rounds, each twice as long as the one before.
+CONFIRMATION_ROUNDS = 3
+
+
+def _bounds(length: int, blocks: int) -> list[int]:
+    return [round(i * length / blocks) for i in range(blocks + 1)]
+
+
+def block_floors(series: list[int], blocks: int) -> tuple[list[int], list[int]]:
+    """The minimum of each of ``blocks`` contiguous, nearly equal parts of ``series``, and
+    where each part starts."""
+    bounds = _bounds(len(series), min(blocks, len(series)))
+    floors = [min(series[a:b]) for a, b in itertools.pairwise(bounds)]
+    return floors, bounds[:-1]
+
+
+def floor_rate(series: list[int], blocks: int) -> float:
+    """Bytes per step by which the floor of ``series`` rose: the minimum of its last part
+    minus that of its first, over the steps between them (0 when it fell)."""
+    floors, starts = block_floors(series, blocks)
+    if len(floors) < 2:
+        return 0.0
+    return max(0.0, (floors[-1] - floors[0]) / (starts[-1] - starts[0]))
 
 
 def leak_check(
@@ -150,11 +188,30 @@ def leak_check(
     tolerance: str | int | Tolerance | None = None,
 ) -> LeakCheckResult:
     """Run ``fn()`` ``warmup`` times, then ``steps`` times, and raise :class:`LeakError` when
-    allocated memory keeps growing by more than ``tolerance`` over the steps.
+    the floor of allocated memory keeps rising by more than ``tolerance`` over the steps.
 
-    ``tolerance`` is a size or a percentage of what was allocated after the warm-up; None
-    means 0 bytes. A suspected leak is confirmed after a full garbage collection, as PyTorch's
-    own CudaMemoryLeakCheck does, so reference cycles that are merely uncollected do not count.
+    A leak is memory that keeps growing; memory that goes up and down within a bound (a
+    tensor of random size each step, a cache that fills and is cleared, a one-off
+    allocation) is not one. So the check judges the floor of memory, the lowest it goes
+    over a stretch of steps, which a leak raises and bounded memory does not:
+
+    1. Suspicion: the floor of the last tenth of the steps is above the floor of the first
+       tenth (the allocation after the warm-up included), by more than ``tolerance`` when
+       that rise goes on for ``steps`` steps. Otherwise the check passes.
+    2. Garbage: a full collection, as PyTorch's own CudaMemoryLeakCheck does; when memory
+       falls back to the lowest it was, the growth was uncollected reference cycles.
+    3. Confirmation: ``fn()`` runs ``max(steps, 20)`` more steps, split into 10 blocks. It
+       is a leak when the floor of every block is above the floor of the block before it,
+       at a rate that over ``steps`` steps exceeds ``tolerance``. Memory that comes back
+       down to the floor of the first half of the measured steps, or whose floor did not
+       rise, is bounded and passes. Otherwise the confirmation doubles (at most twice), so
+       that a leak hidden in steps whose memory varies by far more than it leaks shows
+       through longer blocks.
+
+    Memory that fills over more steps than the check runs looks like a leak: raise
+    ``steps``. A periodic leak is caught when it grows at least once every ``steps // 5``
+    steps. ``tolerance`` is a size or a percentage of what was allocated after the warm-up;
+    None means 0 bytes.
     """
     __tracebackhide__ = True
     if steps < 1 or warmup < 0:
@@ -167,14 +224,18 @@ def leak_check(
     for _ in range(steps):
         fn()
         per_step.append(probe.allocated())
-    sustained = sustained_growth_per_step([baseline, *per_step])
+    series = [baseline, *per_step]
     allowed = allowed_tolerance.allowance(baseline)
+    sustained = floor_rate(series, CONFIRMATION_BLOCKS)
     confirmed = None
+    confirmation: list[int] = []
     leaked = False
-    if sustained * steps > allowed and per_step[-1] - baseline > allowed:
+    if sustained * steps > allowed:
         gc.collect()
-        confirmed = probe.allocated() - baseline
-        leaked = confirmed > allowed
+        collected = probe.allocated()
+        confirmed = collected - baseline
+        if collected - min(series) > allowed:
+            leaked, sustained = _confirm(probe, fn, series, collected, steps, allowed, confirmation)
     result = LeakCheckResult(
         per_step=per_step,
         baseline=baseline,
@@ -184,7 +245,42 @@ def leak_check(
         sustained_per_step=sustained,
         confirmed=confirmed,
         leaked=leaked,
+        confirmation=confirmation,
     )
     if leaked:
         raise LeakError(f"leak check failed: {result.describe()}", result)
     return result
+
+
+def _confirm(
+    probe: Probe,
+    fn: Callable[[], Any],
+    series: list[int],
+    collected: int,
+    steps: int,
+    allowed: int,
+    confirmation: list[int],
+) -> tuple[bool, float]:
+    """Run confirmation steps into ``confirmation`` until the floor has either risen block
+    after block (a leak) or shown itself bounded; return the verdict and the floor's rate."""
+    first_half = series[: len(series) // 2 + 1]
+    # The floor the measured steps kept coming back to early on; a leak leaves it behind.
+    floors, _ = block_floors(first_half, max(1, CONFIRMATION_BLOCKS // 2))
+    floor_before = max(floors)
+    if collected < series[-1]:
+        # The collection freed cycles that the measured floors counted: start from what it left.
+        floor_before = min(floor_before, collected)
+    length = max(steps, 2 * CONFIRMATION_BLOCKS)
+    rate = 0.0
+    for _ in range(CONFIRMATION_ROUNDS):
+        while len(confirmation) < length:
+            fn()
+            confirmation.append(probe.allocated())
+        rate = floor_rate(confirmation, CONFIRMATION_BLOCKS)
+        if rate * steps <= allowed or min(confirmation) <= floor_before:
+            return False, rate
+        floors, _ = block_floors(confirmation, CONFIRMATION_BLOCKS)
+        if all(a < b for a, b in itertools.pairwise(floors)):
+            return True, rate
+        length *= 2
+    return False, rate

@@ -12,6 +12,8 @@ import torch
 
 import pytest_vram.measurement as measurement_module
 from pytest_vram.backends.cpu import CpuBackend
+from pytest_vram.backends.sim import SimBackend
+from pytest_vram.handle import VramHandle
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.scenarios import single_step
 
@@ -180,6 +182,65 @@ def test_single_step_inside_a_test_does_not_lose_the_test_peak(backend: CpuBacke
 
     assert step.peak == 4 * KiB + 4  # the step's own peak: the tensor and its sum
     assert m.record.peak_allocated == 32 * KiB  # the test's peak survives the step's reset
+
+
+@pytest.fixture(params=["cpu", "sim"])
+def handle(request: pytest.FixtureRequest) -> Iterator[VramHandle]:
+    backend = CpuBackend() if request.param == "cpu" else SimBackend()
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    try:
+        yield VramHandle(m)
+    finally:
+        m.end()
+        backend.close()
+
+
+def test_single_step_keeps_its_peak_from_before_a_measure_block_inside_it(
+    handle: VramHandle,
+) -> None:
+    def step() -> None:
+        activations = torch.ones(2 * 2**20, device=handle.device)  # 8 MiB
+        del activations
+        with handle.measure() as inner:  # resets the backend's peak
+            scratch = torch.ones(2**18, device=handle.device)  # 1 MiB
+            del scratch
+        assert inner.peak == 1 * 2**20
+
+    result = handle.single_step(step)
+    assert result.peak == 8 * 2**20
+    assert result.delta == 8 * 2**20
+    # What the baseline stores is the step's real peak.
+    assert handle._measurement.record.scenarios["single_step"]["peak"] == 8 * 2**20
+
+
+def test_measure_block_keeps_its_peak_from_before_a_single_step_inside_it(
+    handle: VramHandle,
+) -> None:
+    with handle.measure() as outer:
+        spike = torch.ones(2 * 2**20, device=handle.device)  # 8 MiB
+        del spike
+
+        def step() -> None:
+            torch.ones(2**18, device=handle.device)  # 1 MiB, freed at once
+
+        result = handle.single_step(step)
+        held = torch.ones(2**19, device=handle.device)  # 2 MiB after the step
+    assert result.peak == 1 * 2**20  # the step's own
+    assert outer.peak == 8 * 2**20
+    assert outer.end == 2 * 2**20
+    del held
+
+
+def test_single_step_that_raises_closes_its_window(handle: VramHandle) -> None:
+    def step() -> None:
+        torch.ones(2**18, device=handle.device)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        handle.single_step(step)
+    # Only the test's own window stays open.
+    assert len(handle._measurement._windows) == 1
 
 
 def test_reset_peak_folds_into_every_open_window(backend: CpuBackend) -> None:

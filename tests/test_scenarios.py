@@ -468,3 +468,60 @@ def test_cpu_leak_error_result_per_step(measurement: TestMeasurement) -> None:
     assert info.value.result.per_step == [1024 * (i + 1) for i in range(10)]
     assert info.value.result.to_dict()["per_step"] == info.value.result.per_step
     kept.clear()
+
+
+# -- a failing step leaves nothing behind --------------------------------------------------
+
+FAILING_STEPS = """
+import torch
+
+def test_step_raises_holding_a_closure(vram):
+    held = None
+
+    def step():
+        nonlocal held
+        held = torch.ones(10 * 2**20 // 4, device=vram.device)  # 10 MiB in a closure cell
+        raise ValueError("the step failed")
+
+    vram.single_step(step)
+
+def test_step_raises_mid_expression(vram):
+    vram.single_step(lambda: (torch.ones(10 * 2**20 // 4, device=vram.device), 1 / 0))
+
+def test_leak_check_step_raises(vram):
+    kept = []
+
+    def step():
+        kept.append(torch.ones(2**20 // 4, device=vram.device))
+        if len(kept) == 5:
+            raise RuntimeError("fifth step")
+
+    vram.leak_check(step)
+
+def test_after(vram):
+    assert vram.allocated() == 0
+    result = vram.single_step(lambda: torch.ones(2**20 // 4, device=vram.device))
+    assert result.before == 0
+    assert result.peak == 2**20
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "sim"])
+def test_a_failed_step_leaves_nothing_to_later_tests(
+    pytester: pytest.Pytester, backend: str
+) -> None:
+    pytester.makepyfile(FAILING_STEPS)
+    # In a subprocess: in-process, pytester's hook recorder keeps every hook's arguments, the
+    # failed call's traceback entries among them, as no plain pytest run does.
+    result = pytester.runpytest_subprocess(
+        f"--vram-backend={backend}", "--vram-report", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            f"*::test_step_raises_holding_a_closure * {backend} * 10.00 MiB * 10.00 MiB * 0 B *",
+            f"*::test_step_raises_mid_expression * {backend} * 10.00 MiB * 10.00 MiB * 0 B *",
+            f"*::test_leak_check_step_raises * {backend} * 5.00 MiB * 5.00 MiB * 0 B *",
+            f"*::test_after * {backend} * 1.00 MiB * 1.00 MiB * 0 B * new",
+        ]
+    )
