@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from pytest_vram.html import MAX_BARS, _size_ticks, render_html
+from pytest_vram.report.html import MAX_BARS, _size_ticks, render_html
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3

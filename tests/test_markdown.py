@@ -6,7 +6,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_vram.markdown import MAX_BYTES, append_step_summary, render_markdown, status_counts
+from pytest_vram.report.markdown import (
+    MAX_BYTES,
+    append_step_summary,
+    render_markdown,
+    status_counts,
+)
 
 GiB = 1024**3
 MiB = 1024**2

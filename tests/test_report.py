@@ -10,7 +10,7 @@ import pytest
 from pytest_vram import __version__
 from pytest_vram.records import STATUS_ORDER
 from pytest_vram.records import TestRecord as Record
-from pytest_vram.report import build_document, junit_properties, terminal_lines, totals
+from pytest_vram.report.document import build_document, junit_properties, terminal_lines, totals
 
 GiB = 1024**3
 MiB = 1024**2

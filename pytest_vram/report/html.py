@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from pytest_vram.markdown import status_counts
+from pytest_vram.report.markdown import status_counts
 from pytest_vram.units import format_delta, format_size
 
 __all__ = ["MAX_BARS", "render_html"]
