@@ -1,16 +1,33 @@
-"""Renderings of the records: the terminal summary, JUnit properties and the JSON document."""
+"""The report document: the one model every report renders from.
+
+:func:`build_document` turns the records of a run into the dict ``--vram-json`` writes. Its
+``tests`` are rows made by :func:`record_row`, worst first; the terminal summary, the JUnit
+properties, the Markdown and the HTML report all read these rows. The readers here
+(:func:`document_tests`, :func:`baseline_peak`, :func:`status_counts`) also accept a document that
+another tool wrote or trimmed, so a missing or odd value never breaks a report.
+"""
 
 from __future__ import annotations
 
 import datetime
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_vram import __version__
-from pytest_vram.records import STATUS_ORDER, TestRecord, sort_worst_first
-from pytest_vram.units import format_delta, format_size
+from pytest_vram.records import TestRecord, sort_worst_first
+from pytest_vram.report.text import as_int
+from pytest_vram.verdict import Status, rank_of
 
-__all__ = ["build_document", "junit_properties", "terminal_lines", "totals"]
+__all__ = [
+    "baseline_peak",
+    "build_document",
+    "change_of",
+    "document_tests",
+    "record_row",
+    "status_counts",
+    "totals",
+]
 
 
 def change_of(record: TestRecord) -> tuple[int | None, float | None]:
@@ -22,100 +39,64 @@ def change_of(record: TestRecord) -> tuple[int | None, float | None]:
     return delta, (100.0 * delta / base if base else None)
 
 
+def record_row(record: TestRecord) -> dict[str, Any]:
+    """One test of the document: the record's fields and figures, and its change."""
+    row = record.to_dict()
+    row["change"], row["change_percent"] = change_of(record)
+    return row
+
+
 def totals(records: list[TestRecord]) -> dict[str, int]:
+    """``measured``, then the count of each status that occurs, worst first."""
     counts = Counter(record.status for record in records)
     result = {"measured": len(records)}
-    result.update({status: counts[status] for status in STATUS_ORDER if counts[status]})
+    result.update({s.value: counts[s.value] for s in Status if counts[s.value]})
     return result
-
-
-def describe_totals(records: list[TestRecord]) -> str:
-    counts = totals(records)
-    measured = counts.pop("measured")
-    parts = [f"{count} {status}" for status, count in counts.items()]
-    noun = "test" if measured == 1 else "tests"
-    return f"{measured} measured {noun}" + (": " + ", ".join(parts) if parts else "")
-
-
-def _change_text(record: TestRecord) -> str:
-    delta, percent = change_of(record)
-    if delta is None:
-        return "-"
-    return format_delta(delta) + ("" if percent is None else f" ({percent:+.1f}%)")
-
-
-def terminal_lines(records: list[TestRecord], stale: list[str] | None = None) -> list[str]:
-    """The ``--vram-report`` table: worst first, then by peak."""
-    header = ("test", "backend", "peak", "increment", "leftover", "baseline", "change", "status")
-    rows = [header]
-    for record in sort_worst_first(records):
-        baseline = (record.baseline or {}).get("peak_allocated")
-        rows.append(
-            (
-                record.nodeid,
-                record.backend,
-                format_size(record.peak_allocated),
-                format_size(record.peak_increment),
-                format_size(record.leftover),
-                "-" if baseline is None else format_size(baseline),
-                _change_text(record),
-                record.status,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [cell.rjust(width) for cell, width in zip(row[2:7], widths[2:7], strict=True)]
-        cells.append(row[7])
-        lines.append("  ".join(cells).rstrip())
-    lines.append(describe_totals(records))
-    if stale:
-        count = len(stale)
-        entries = "1 baseline entry has" if count == 1 else f"{count} baseline entries have"
-        lines.append(f"{entries} no test any more (remove them with --vram-prune-baselines):")
-        lines.extend(f"  {nodeid}" for nodeid in stale)
-    return lines
-
-
-def junit_properties(record: TestRecord) -> list[tuple[str, object]]:
-    """The ``vram_*`` properties of one test: sizes as integer bytes."""
-    props: list[tuple[str, object]] = [
-        ("vram_backend", record.backend),
-        ("vram_device", record.device),
-        ("vram_peak_allocated", record.peak_allocated),
-    ]
-    if record.baseline and "peak_allocated" in record.baseline:
-        props.append(("vram_baseline", record.baseline["peak_allocated"]))
-    props += [
-        ("vram_status", record.status),
-        ("vram_start_allocated", record.start_allocated),
-        ("vram_peak_increment", record.peak_increment),
-        ("vram_leftover", record.leftover),
-    ]
-    if record.peak_reserved is not None:
-        props.append(("vram_peak_reserved", record.peak_reserved))
-    if record.peak_device is not None:
-        props.append(("vram_peak_device", record.peak_device))
-    leak = record.scenarios.get("leak_check")
-    if leak:
-        props.append(("vram_leak_growth", leak["growth"]))
-    return props
 
 
 def build_document(
     records: list[TestRecord], environments: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
-    """The JSON document: the one source the Markdown and HTML reports render from."""
-    tests = []
-    for record in sort_worst_first(records):
-        data = record.to_dict()
-        data["change"], data["change_percent"] = change_of(record)
-        tests.append(data)
+    """The JSON document: the one source every report renders from."""
     return {
         "pytest_vram": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environments": environments,
         "totals": totals(records),
-        "tests": tests,
+        "tests": [record_row(record) for record in sort_worst_first(records)],
     }
+
+
+def document_tests(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The document's tests, in its order; entries that are not mappings are left out."""
+    return [test for test in document.get("tests") or [] if isinstance(test, Mapping)]
+
+
+def baseline_peak(test: Mapping[str, Any]) -> int | None:
+    """The peak allocated of a test's baseline entry, None without one."""
+    baseline = test.get("baseline")
+    return as_int(baseline.get("peak_allocated")) if isinstance(baseline, Mapping) else None
+
+
+def status_counts(document: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+    """The measured count and the non-zero count of each status, worst first.
+
+    Read from the document's ``totals`` (keyed by status, plus ``measured``); counted from its
+    tests when it has none. A key that is no status is kept, after every status.
+    """
+    tests = document_tests(document)
+    counted = document.get("totals")
+    if not isinstance(counted, Mapping):
+        counted = {"measured": len(tests)}
+        for test in tests:
+            status = str(test.get("status") or "")
+            counted[status] = counted.get(status, 0) + 1
+    measured = counted.get("measured")
+    measured = len(tests) if measured is None else as_int(measured) or 0
+    counts = {}
+    for key, value in counted.items():
+        count = as_int(value)
+        if key != "measured" and key and count:
+            counts[str(key)] = count
+    ordered = sorted(counts, key=rank_of)
+    return measured, {key: counts[key] for key in ordered}

@@ -85,6 +85,28 @@ def test_self_contained(document: dict[str, Any]) -> None:
         assert needle not in page
 
 
+def test_cards_mark_the_failing_statuses(document: dict[str, Any]) -> None:
+    document["totals"] = {"measured": 6, "regression": 1, "leak": 1, "ok": 2, "regressions": 2}
+    page = render_html(document)
+    cards = re.findall(r'<div class="card( bad)?"><b>(\d+)</b><span>([^<]*)</span>', page)
+    assert cards == [
+        ("", "6", "measured"),
+        (" bad", "1", "leak"),
+        (" bad", "1", "regression"),
+        ("", "2", "ok"),
+        ("", "2", "regressions"),
+    ]
+
+
+def test_environment_table(document: dict[str, Any]) -> None:
+    page = render_html(document)
+    assert (
+        "<tr><th>Backend</th><th>Device</th><th>torch</th><th>CUDA</th><th>Driver</th>"
+        '<th class="num">Total memory</th></tr>'
+    ) in page
+    assert "<td>cuda</td><td>NVIDIA H100 80GB HBM3</td>" in page
+
+
 def test_every_document_string_is_escaped(document: dict[str, Any]) -> None:
     hostile = "t.py::test_x[<script>alert(\"x\")</script>&'q'<b>]"
     test = copy.deepcopy(document["tests"][1])  # the leak check, so it is in every section
