@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -157,3 +159,29 @@ def test_status_counts_rank_unknown_keys_last() -> None:
     document = {"totals": {"measured": 4, "regressions": 2, "ok": 1, "oom": 1, "zero": 0}}
     assert status_counts(document) == (4, {"oom": 1, "ok": 1, "regressions": 2})
     assert status_counts({"totals": {"ok": True, "measured": "many"}}) == (0, {})
+
+
+def test_entry_points_of_the_package() -> None:
+    import pytest_vram.report as report
+    from pytest_vram.report import junit as junit_module
+    from pytest_vram.report import markdown, terminal
+
+    assert report.build_document is build_document
+    assert report.terminal_lines is terminal.terminal_lines
+    assert report.junit_properties is junit_module.junit_properties
+    assert report.render_markdown is markdown.render_markdown
+    assert report.append_step_summary is markdown.append_step_summary
+    assert report.render_html.__module__ == "pytest_vram.report.html"
+    with pytest.raises(AttributeError, match="no attribute 'render_pdf'"):
+        report.render_pdf  # noqa: B018
+
+
+def test_the_markdown_and_html_renderers_load_on_first_use() -> None:
+    code = (
+        "import sys, pytest_vram.report as r\n"
+        "assert 'pytest_vram.report.html' not in sys.modules\n"
+        "assert 'pytest_vram.report.markdown' not in sys.modules\n"
+        "r.render_html\n"
+        "assert 'pytest_vram.report.html' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,10 +8,13 @@
 - :mod:`.text`: sizes, changes, plurals, aligned tables and environments as text.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from pytest_vram.report.document import build_document, status_counts, totals
-from pytest_vram.report.html import render_html
 from pytest_vram.report.junit import junit_properties, suite_properties
-from pytest_vram.report.markdown import append_step_summary, render_markdown
 from pytest_vram.report.terminal import terminal_lines
 
 __all__ = [
@@ -25,3 +28,16 @@ __all__ = [
     "terminal_lines",
     "totals",
 ]
+
+# Loaded on first use: most runs write no Markdown or HTML, and the plugin loads this package.
+_LAZY = {
+    "append_step_summary": "markdown",
+    "render_markdown": "markdown",
+    "render_html": "html",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
