@@ -10,20 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_vram.verdict import Status, rank_of
+
 __all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
 
-# Worst first: the order of the terminal summary and the Markdown table.
-STATUS_ORDER = (
-    "oom",
-    "over-budget",
-    "leak",
-    "regression",
-    "failed",
-    "new",
-    "improved",
-    "ok",
-    "skipped",
-)
+#: The status values worst first, for readers of plain data; :class:`Status` is the source.
+STATUS_ORDER = tuple(status.value for status in Status)
 
 
 @dataclass
@@ -60,7 +52,7 @@ class TestRecord:
     baseline: dict[str, int] | None = None
     #: passed, failed or skipped: the test's own outcome.
     outcome: str = "passed"
-    #: The memory verdict: one of STATUS_ORDER.
+    #: The memory verdict: a :class:`~pytest_vram.verdict.Status` value.
     status: str = "ok"
     messages: list[str] = field(default_factory=list)
 
@@ -105,6 +97,5 @@ class TestRecord:
 
 
 def sort_worst_first(records: list[TestRecord]) -> list[TestRecord]:
-    """Failures first (in STATUS_ORDER), then by peak, largest first."""
-    rank = {status: index for index, status in enumerate(STATUS_ORDER)}
-    return sorted(records, key=lambda r: (rank.get(r.status, len(rank)), -r.peak_allocated))
+    """Worst status first (see :class:`Status`), then by peak, largest first."""
+    return sorted(records, key=lambda r: (rank_of(r.status), -r.peak_allocated))

@@ -81,7 +81,7 @@ def write_outputs(
         _write(settings.json_path, json.dumps(document, indent=2, sort_keys=False) + "\n")
         lines.append(f"wrote {settings.json_path}")
     if wants_markdown:
-        from pytest_vram.markdown import append_step_summary, render_markdown
+        from pytest_vram.report import append_step_summary, render_markdown
 
         markdown = render_markdown(document)
         if settings.markdown_path is not None:
@@ -90,7 +90,7 @@ def write_outputs(
         if step_summary:
             append_step_summary(markdown, step_summary)
     if settings.html_path is not None:
-        from pytest_vram.html import render_html
+        from pytest_vram.report import render_html
 
         _write(settings.html_path, render_html(document))
         lines.append(f"wrote {settings.html_path}")

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from pytest_vram.html import render_html
+    from pytest_vram.report import render_html
 
     page = render_html(sample_document())
     with tempfile.TemporaryDirectory() as tmp:

@@ -97,3 +97,49 @@ def test_junit_properties_under_xdist(pytester: pytest.Pytester) -> None:
     assert cases["test_over"]["vram_status"] == "over-budget"
     suite = {p.get("name"): p.get("value") for p in root.find("testsuite/properties")}
     assert suite["vram_env_backend"] == "cpu"
+
+
+@pytest.mark.slow
+def test_peak_reserved_property_on_sim_not_on_cpu(pytester: pytest.Pytester) -> None:
+    # sim models the caching allocator's segments; the cpu backend has no reserved figure.
+    pytester.makepyfile(
+        test_mem="""
+        import pytest
+        import torch
+
+        def test_sim(vram):
+            x = torch.ones(1024, device=vram.device)
+
+        @pytest.mark.vram_backend("cpu")
+        def test_cpu(vram):
+            x = torch.ones(1024, device=vram.device)
+        """
+    )
+    # A subprocess: the simulated device imports parts of torch that cannot be imported twice.
+    result = pytester.runpytest_subprocess("--vram-backend=sim", "--junitxml=out.xml")
+    result.assert_outcomes(passed=2)
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    found = {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in root.iter("testcase")
+    }
+    assert found["test_sim"]["vram_backend"] == "sim"
+    assert found["test_sim"]["vram_peak_reserved"] == str(2 * 1024**2)  # one small segment
+    assert found["test_cpu"]["vram_backend"] == "cpu"
+    assert "vram_peak_reserved" not in found["test_cpu"]
+    for name in ("test_sim", "test_cpu"):
+        assert "vram_peak_device" not in found[name]  # NVML, cuda only
+
+
+def test_terminal_report_is_the_table_and_totals(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mem=TESTS)
+    result = pytester.runpytest(CPU, "--vram-report")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.re_match_lines(
+        [
+            r"=+ vram report =+",
+            r"test\s+backend\s+peak\s+increment\s+leftover\s+baseline\s+change\s+status",
+            r"test_mem.py::test_over\s+cpu\s+4.00 KiB\s+4.00 KiB\s+0 B\s+-\s+-\s+over-budget",
+            r"3 measured tests: 1 over-budget, 2 new",
+        ]
+    )

@@ -1,4 +1,4 @@
-"""The HTML report: one self-contained page with charts, rendered from the JSON document.
+"""The HTML report: one self-contained page with charts, rendered from the report document.
 
 Everything is inline (CSS and SVG, no scripts, fonts or links to fetch), so the file opens the
 same from a CI artifact, an air-gapped machine or a mail attachment. Every string taken from the
@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from pytest_vram.markdown import status_counts
+from pytest_vram.report.document import baseline_peak, document_tests, status_counts
+from pytest_vram.report.text import ENVIRONMENT_FIELDS, as_int, change_text, size_text
 from pytest_vram.units import format_delta, format_size
+from pytest_vram.verdict import FAILING_STATUSES, Status
 
 __all__ = ["MAX_BARS", "render_html"]
 
@@ -22,18 +24,21 @@ MAX_BARS = 60
 # A leak check of thousands of steps is drawn from this many points (min and max per bucket).
 _MAX_POINTS = 1200
 
-_FAILING = frozenset({"oom", "over-budget", "leak", "regression", "failed"})
 _STATUS_COLOURS = {
-    "oom": "#b4232a",
-    "over-budget": "#d1495b",
-    "leak": "#c2410c",
-    "regression": "#e4572e",
-    "failed": "#9f1239",
-    "new": "#2f6fdb",
-    "improved": "#2e9d5b",
-    "ok": "#7f9c8c",
-    "skipped": "#a3a3a3",
+    Status.OOM.value: "#b4232a",
+    Status.OVER_BUDGET.value: "#d1495b",
+    Status.LEAK.value: "#c2410c",
+    Status.REGRESSION.value: "#e4572e",
+    Status.FAILED.value: "#9f1239",
+    Status.NEW.value: "#2f6fdb",
+    Status.IMPROVED.value: "#2e9d5b",
+    Status.OK.value: "#7f9c8c",
+    Status.SKIPPED.value: "#a3a3a3",
 }
+_OTHER_COLOUR = _STATUS_COLOURS[Status.OK.value]
+# The environment table's headings, where they differ from the labels of a line.
+_HEADINGS = {"driver": "Driver"}
+_MISSING = "—"
 _UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 
 _CSS = """
@@ -80,8 +85,8 @@ svg text.label { fill: #1f2328;
 
 
 def render_html(document: Mapping[str, Any]) -> str:
-    """The report page for a JSON document, as one self-contained HTML string."""
-    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
+    """The report page for a report document, as one self-contained HTML string."""
+    tests = document_tests(document)
     parts = [
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
@@ -102,10 +107,6 @@ def _e(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _header(document: Mapping[str, Any]) -> str:
     meta = []
     if document.get("pytest_vram"):
@@ -121,7 +122,7 @@ def _cards(document: Mapping[str, Any]) -> str:
     measured, counts = status_counts(document)
     cards = [f'<div class="card"><b>{measured}</b><span>measured</span></div>']
     for status, count in counts.items():
-        bad = " bad" if status in _FAILING or status == "regressions" else ""
+        bad = " bad" if status in FAILING_STATUSES else ""
         cards.append(f'<div class="card{bad}"><b>{count}</b><span>{_e(status)}</span></div>')
     return '<div class="cards">' + "".join(cards) + "</div>\n"
 
@@ -131,24 +132,19 @@ def _environments(environments: Mapping[str, Any]) -> str:
     for name, env in environments.items():
         if not isinstance(env, Mapping):
             continue
-        total = _int(env.get("total_memory"))
-        cells = [
-            env.get("backend") or name,
-            env.get("device") or "",
-            env.get("torch") or "",
-            env.get("cuda") or "",
-            env.get("driver") or "",
-        ]
+        cells = [env.get("backend") or name, env.get("device") or ""]
+        cells += [env.get(key) or "" for key, _ in ENVIRONMENT_FIELDS]
         rows.append(
             "<tr>"
             + "".join(f"<td>{_e(c)}</td>" for c in cells)
-            + f'<td class="num">{_e(format_size(total)) if total is not None else ""}</td></tr>'
+            + f'<td class="num">{_e(size_text(env.get("total_memory"), ""))}</td></tr>'
         )
     if not rows:
         return ""
+    headings = "".join(f"<th>{_HEADINGS.get(key, label)}</th>" for key, label in ENVIRONMENT_FIELDS)
     return (
-        "<h2>Environments</h2>\n<table><thead><tr><th>Backend</th><th>Device</th><th>torch</th>"
-        '<th>CUDA</th><th>Driver</th><th class="num">Total memory</th></tr></thead><tbody>'
+        f"<h2>Environments</h2>\n<table><thead><tr><th>Backend</th><th>Device</th>{headings}"
+        '<th class="num">Total memory</th></tr></thead><tbody>'
         + "".join(rows)
         + "</tbody></table>\n"
     )
@@ -218,7 +214,7 @@ def _short(text: str, width: int) -> str:
 
 
 def _peak_section(tests: list[Mapping[str, Any]]) -> str:
-    shown = [t for t in tests if _int(t.get("peak_allocated")) is not None][:MAX_BARS]
+    shown = [t for t in tests if as_int(t.get("peak_allocated")) is not None][:MAX_BARS]
     if not shown:
         return '<h2>Peaks against baselines</h2>\n<p class="note">No test was measured.</p>\n'
     left, right, value_width = 330, 960, 130
@@ -227,7 +223,7 @@ def _peak_section(tests: list[Mapping[str, Any]]) -> str:
     height = top + row * len(shown) + 8
     largest = 1
     for test in shown:
-        largest = max(largest, test["peak_allocated"], _baseline_peak(test) or 0)
+        largest = max(largest, test["peak_allocated"], baseline_peak(test) or 0)
     ticks, _ = _size_ticks(0, largest)
     scale_max = ticks[-1][0]
 
@@ -248,9 +244,9 @@ def _peak_section(tests: list[Mapping[str, Any]]) -> str:
         y = top + index * row
         peak = test["peak_allocated"]
         status = str(test.get("status") or "")
-        colour = _STATUS_COLOURS.get(status, "#7f9c8c")
+        colour = _STATUS_COLOURS.get(status, _OTHER_COLOUR)
         nodeid = str(test.get("nodeid") or "")
-        baseline = _baseline_peak(test)
+        baseline = baseline_peak(test)
         tip = f"{nodeid}\npeak {format_size(peak)}"
         if baseline is not None:
             tip += f"\nbaseline {format_size(baseline)}"
@@ -277,12 +273,12 @@ def _peak_section(tests: list[Mapping[str, Any]]) -> str:
         if status not in present:
             present.append(status)
     legend = "".join(
-        f'<span><i style="background:{_STATUS_COLOURS.get(s, "#7f9c8c")}"></i>{_e(s)}</span>'
+        f'<span><i style="background:{_STATUS_COLOURS.get(s, _OTHER_COLOUR)}"></i>{_e(s)}</span>'
         for s in present
     )
     legend += '<span><i class="marker"></i>baseline</span>'
     note = ""
-    measured = sum(1 for t in tests if _int(t.get("peak_allocated")) is not None)
+    measured = sum(1 for t in tests if as_int(t.get("peak_allocated")) is not None)
     if measured > len(shown):
         note = (
             f'<p class="note">The {len(shown)} tests listed first of {measured}; '
@@ -292,11 +288,6 @@ def _peak_section(tests: list[Mapping[str, Any]]) -> str:
         "<h2>Peaks against baselines</h2>\n"
         f'<div class="legend">{legend}</div>\n{note}' + "".join(svg) + "\n"
     )
-
-
-def _baseline_peak(test: Mapping[str, Any]) -> int | None:
-    baseline = test.get("baseline")
-    return _int(baseline.get("peak_allocated")) if isinstance(baseline, Mapping) else None
 
 
 # --- leak checks --------------------------------------------------------------------------------
@@ -309,7 +300,7 @@ def _leak_section(tests: list[Mapping[str, Any]]) -> str:
         leak = scenarios.get("leak_check") if isinstance(scenarios, Mapping) else None
         if not isinstance(leak, Mapping):
             continue
-        series = [v for v in leak.get("per_step") or [] if _int(v) is not None]
+        series = [v for v in leak.get("per_step") or [] if as_int(v) is not None]
         if not series:
             continue
         figures.append(_leak_figure(str(test.get("nodeid") or ""), leak, series))
@@ -324,7 +315,7 @@ def _leak_section(tests: list[Mapping[str, Any]]) -> str:
 
 def _leak_figure(nodeid: str, leak: Mapping[str, Any], series: Sequence[int]) -> str:
     leaked = bool(leak.get("leaked"))
-    growth = _int(leak.get("growth"))
+    growth = as_int(leak.get("growth"))
     facts = []
     if growth is not None:
         facts.append(f"growth {format_delta(growth)}")
@@ -332,7 +323,7 @@ def _leak_figure(nodeid: str, leak: Mapping[str, Any], series: Sequence[int]) ->
     if isinstance(per_step, (int, float)) and not isinstance(per_step, bool):
         facts.append(f"{format_delta(round(per_step))} per step")
     for key, label in (("steps", "steps"), ("warmup", "warm-up")):
-        if _int(leak.get(key)) is not None:
+        if as_int(leak.get(key)) is not None:
             facts.append(f"{leak[key]} {label}")
     if leak.get("tolerance") not in (None, ""):
         facts.append(f"tolerance {leak['tolerance']}")
@@ -433,28 +424,19 @@ def _table_section(tests: list[Mapping[str, Any]]) -> str:
     rows = []
     for test in tests:
         status = str(test.get("status") or "")
-        colour = _STATUS_COLOURS.get(status, "#7f9c8c")
-        peak = _int(test.get("peak_allocated"))
-        baseline = _baseline_peak(test)
-        leftover = _int(test.get("leftover"))
-        change = _int(test.get("change"))
-        change_text = ""
-        if change is not None:
-            change_text = format_delta(change)
-            percent = test.get("change_percent")
-            if isinstance(percent, (int, float)) and not isinstance(percent, bool):
-                change_text += f" ({percent:+.1f}%)"
+        colour = _STATUS_COLOURS.get(status, _OTHER_COLOUR)
+        change = change_text(test.get("change"), test.get("change_percent"), _MISSING)
         messages = "\n".join(str(m) for m in test.get("messages") or [])
-        css = ' class="failing"' if status in _FAILING else ""
+        css = ' class="failing"' if status in FAILING_STATUSES else ""
         rows.append(
             f"<tr{css}>"
             f'<td class="test">{_e(test.get("nodeid") or "")}</td>'
             f"<td>{_e(test.get('backend') or '')}</td>"
             f"<td>{_e(test.get('device') or '')}</td>"
-            f'<td class="num">{_e(format_size(peak)) if peak is not None else "—"}</td>'
-            f'<td class="num">{_e(format_size(baseline)) if baseline is not None else "—"}</td>'
-            f'<td class="num">{_e(change_text) or "—"}</td>'
-            f'<td class="num">{_e(format_size(leftover)) if leftover is not None else "—"}</td>'
+            f'<td class="num">{_e(size_text(test.get("peak_allocated"), _MISSING))}</td>'
+            f'<td class="num">{_e(size_text(baseline_peak(test), _MISSING))}</td>'
+            f'<td class="num">{_e(change)}</td>'
+            f'<td class="num">{_e(size_text(test.get("leftover"), _MISSING))}</td>'
             f'<td><span class="badge" style="background:{colour}">{_e(status)}</span></td>'
             f'<td class="msg">{_e(messages)}</td>'
             "</tr>"

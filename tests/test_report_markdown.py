@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_vram.markdown import MAX_BYTES, append_step_summary, render_markdown, status_counts
+from pytest_vram.report.document import status_counts
+from pytest_vram.report.markdown import MAX_BYTES, append_step_summary, render_markdown
 
 GiB = 1024**3
 MiB = 1024**2
@@ -84,6 +85,22 @@ def test_heading_totals_environment_and_columns() -> None:
         ],
         ["`suites/test_a.py::test_new`", "cuda", "2.00 GiB", "—", "—", "new"],
     ]
+
+
+def test_environment_without_device_or_with_odd_values() -> None:
+    document = _document([_test("t::a", 1)])
+    document["environments"] = {
+        "sim": {"backend": "sim", "torch": "2.13.0+cpu"},
+        "cpu": {"backend": "cpu", "device": "cpu", "driver": "", "total_memory": True},
+        "junk": "not an environment",
+    }
+    text = render_markdown(document)
+    assert "- sim: sim, torch 2.13.0+cpu\n- cpu: cpu\n\n| Test |" in text
+
+
+def test_a_total_that_is_no_status_comes_last() -> None:
+    document = _document([_test("t::a", 1)], ok=1, regressions=2)
+    assert "**1** test measured: 1 ok, 2 regressions." in render_markdown(document)
 
 
 def test_totals_worst_first_and_counted_when_missing() -> None:

@@ -1,7 +1,8 @@
 """The Markdown report: a table for a CI job summary such as GitHub's ``$GITHUB_STEP_SUMMARY``.
 
-Rendered from the JSON document (see :mod:`pytest_vram.report`): failures first, then the
-largest peaks, so the lines a reviewer needs are at the top even when the table is cut short.
+Rendered from the report document (see :mod:`pytest_vram.report.document`): failures first,
+then the largest peaks, so the lines a reviewer needs are at the top even when the table is cut
+short.
 """
 
 from __future__ import annotations
@@ -11,28 +12,27 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_vram.records import STATUS_ORDER
-from pytest_vram.units import format_delta, format_size
+from pytest_vram.report.document import baseline_peak, document_tests, status_counts
+from pytest_vram.report.text import (
+    as_int,
+    change_text,
+    counts_text,
+    environment_line,
+    plural,
+    plural_noun,
+    size_text,
+)
+from pytest_vram.units import format_size
+from pytest_vram.verdict import FAILING_STATUSES, rank_of
 
-__all__ = [
-    "FAILING_STATUSES",
-    "MAX_BYTES",
-    "STEP_SUMMARY_LIMIT",
-    "append_step_summary",
-    "render_markdown",
-    "status_counts",
-]
+__all__ = ["MAX_BYTES", "STEP_SUMMARY_LIMIT", "append_step_summary", "render_markdown"]
 
-#: The memory verdicts that fail a test.
-FAILING_STATUSES = frozenset({"oom", "over-budget", "leak", "regression", "failed"})
 #: GitHub rejects a job summary over 1 MiB; half of it leaves room for other steps' output.
 MAX_BYTES = 512 * 1024
 STEP_SUMMARY_LIMIT = 1024 * 1024
 
 _HEADER = "| Test | Backend | Peak | Baseline | Change | Status |\n|---|---|---:|---:|---:|---|\n"
-_RANK = {status: index for index, status in enumerate(STATUS_ORDER)}
-# Totals written as plural counts rank with their status.
-_ALIASES = {"regressions": "regression"}
+_MISSING = "—"
 # A message shown under the table is cut here: the JSON and HTML reports hold the full text.
 _MESSAGE_CHARS = 2000
 
@@ -42,18 +42,17 @@ def render_markdown(
 ) -> str:
     """The job-summary Markdown for a report document.
 
-    Every failing test is listed (in ``STATUS_ORDER``), then the other tests by peak, largest
+    Every failing test is listed (worst status first), then the other tests by peak, largest
     first, until ``limit`` rows; a closing line says how many were left out. The result never
     exceeds ``max_bytes`` of UTF-8.
     """
-    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
+    tests = document_tests(document)
     failing = sorted(
         (t for t in tests if t.get("status") in FAILING_STATUSES),
-        key=lambda t: (_RANK.get(t.get("status"), len(_RANK)), -_int(t.get("peak_allocated"))),
+        key=lambda t: (rank_of(t["status"]), -_peak(t)),
     )
     others = sorted(
-        (t for t in tests if t.get("status") not in FAILING_STATUSES),
-        key=lambda t: -_int(t.get("peak_allocated")),
+        (t for t in tests if t.get("status") not in FAILING_STATUSES), key=lambda t: -_peak(t)
     )
     rows = failing + others[: max(0, limit - len(failing))]
 
@@ -82,7 +81,7 @@ def render_markdown(
     left_out = len(tests) - shown
     if left_out:
         failing_left = max(0, len(failing) - shown)
-        note = f"{left_out} more test{'s' if left_out != 1 else ''} not shown"
+        note = plural(left_out, "more test") + " not shown"
         if failing_left:
             note += f", {failing_left} of them failing"
         if shown < len(rows):
@@ -117,76 +116,39 @@ def append_step_summary(text: str, path: str | os.PathLike[str]) -> None:
         stream.write(text)
 
 
-def status_counts(document: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
-    """The measured count and the non-zero count of each status, worst first.
-
-    Read from the document's ``totals`` (keyed by status, plus ``measured``); counted from its
-    tests when it has none.
-    """
-    tests = [t for t in document.get("tests") or [] if isinstance(t, Mapping)]
-    totals = document.get("totals")
-    if not isinstance(totals, Mapping):
-        totals = {"measured": len(tests)}
-        for test in tests:
-            status = str(test.get("status") or "")
-            totals[status] = totals.get(status, 0) + 1
-    measured = totals.get("measured")
-    measured = _int(measured) if measured is not None else len(tests)
-    counts = {
-        str(key): _int(value)
-        for key, value in totals.items()
-        if key != "measured" and key and _int(value)
-    }
-    ordered = sorted(counts, key=lambda key: _RANK.get(_ALIASES.get(key, key), len(_RANK)))
-    return measured, {key: counts[key] for key in ordered}
-
-
 def _totals_line(document: Mapping[str, Any]) -> str:
     measured, counts = status_counts(document)
-    line = f"**{measured}** test{'s' if measured != 1 else ''} measured"
+    line = f"**{measured}** {plural_noun(measured, 'test')} measured"
     if counts:
-        line += ": " + ", ".join(f"{count} {_text(status)}" for status, count in counts.items())
+        line += ": " + counts_text(counts, label=_text)
     return line + "."
 
 
 def _environment_lines(environments: Mapping[str, Any]) -> str:
     lines = []
     for name, env in environments.items():
-        if not isinstance(env, Mapping):
-            continue
-        facts = [str(env.get("device") or name)]
-        for key, label in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
-            if env.get(key):
-                facts.append(f"{label} {env[key]}")
-        if isinstance(env.get("total_memory"), int):
-            facts.append(f"{format_size(env['total_memory'])} total")
-        lines.append(f"- {_text(str(env.get('backend') or name))}: {_text(', '.join(facts))}\n")
+        if isinstance(env, Mapping):
+            backend = _text(str(env.get("backend") or name))
+            lines.append(f"- {backend}: {_text(environment_line(env, device=str(name)))}\n")
     return "".join(lines)
 
 
 def _row(test: Mapping[str, Any]) -> str:
     status = str(test.get("status") or "")
     shown_status = f"**{_text(status)}**" if status in FAILING_STATUSES else _text(status)
-    baseline = test.get("baseline") or {}
-    baseline_peak = baseline.get("peak_allocated") if isinstance(baseline, Mapping) else None
     cells = [
         _code(str(test.get("nodeid") or "")),
         _text(str(test.get("backend") or "")),
-        format_size(_int(test.get("peak_allocated"))),
-        format_size(baseline_peak) if isinstance(baseline_peak, int) else "—",
-        _change(test.get("change"), test.get("change_percent")),
+        size_text(_peak(test)),
+        size_text(baseline_peak(test), _MISSING),
+        change_text(test.get("change"), test.get("change_percent"), _MISSING),
         shown_status,
     ]
     return "| " + " | ".join(cells) + " |\n"
 
 
-def _change(change: object, percent: object) -> str:
-    if not isinstance(change, int) or isinstance(change, bool):
-        return "—"
-    text = format_delta(change)
-    if isinstance(percent, (int, float)) and not isinstance(percent, bool):
-        text += f" ({percent:+.1f}%)"
-    return text
+def _peak(test: Mapping[str, Any]) -> int:
+    return as_int(test.get("peak_allocated")) or 0
 
 
 def _messages_block(tests: Iterable[Mapping[str, Any]], room: int) -> str:
@@ -230,10 +192,6 @@ def _text(text: str) -> str:
 
 def _longest_backtick_run(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _fit(text: str, max_bytes: int) -> str:

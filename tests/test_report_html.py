@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from pytest_vram.html import MAX_BARS, _size_ticks, render_html
+from pytest_vram.report.html import MAX_BARS, _size_ticks, render_html
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -83,6 +83,28 @@ def test_self_contained(document: dict[str, Any]) -> None:
     assert urls == {"http://www.w3.org/2000/svg"}  # a namespace name, never fetched
     for needle in ("<script", "<link", "<img", "src=", "@import", "url(", "@font-face"):
         assert needle not in page
+
+
+def test_cards_mark_the_failing_statuses(document: dict[str, Any]) -> None:
+    document["totals"] = {"measured": 6, "regression": 1, "leak": 1, "ok": 2, "regressions": 2}
+    page = render_html(document)
+    cards = re.findall(r'<div class="card( bad)?"><b>(\d+)</b><span>([^<]*)</span>', page)
+    assert cards == [
+        ("", "6", "measured"),
+        (" bad", "1", "leak"),
+        (" bad", "1", "regression"),
+        ("", "2", "ok"),
+        ("", "2", "regressions"),
+    ]
+
+
+def test_environment_table(document: dict[str, Any]) -> None:
+    page = render_html(document)
+    assert (
+        "<tr><th>Backend</th><th>Device</th><th>torch</th><th>CUDA</th><th>Driver</th>"
+        '<th class="num">Total memory</th></tr>'
+    ) in page
+    assert "<td>cuda</td><td>NVIDIA H100 80GB HBM3</td>" in page
 
 
 def test_every_document_string_is_escaped(document: dict[str, Any]) -> None:

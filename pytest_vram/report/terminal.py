@@ -1,0 +1,49 @@
+"""The ``--vram-report`` summary: an aligned table of the document's tests and a totals line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_vram.records import TestRecord
+from pytest_vram.report.document import baseline_peak, build_document, document_tests, status_counts
+from pytest_vram.report.text import change_text, counts_text, plural, size_text, table
+
+__all__ = ["render_terminal", "terminal_lines"]
+
+_HEADER = ("test", "backend", "peak", "increment", "leftover", "baseline", "change", "status")
+# The figures line up on their right edge.
+_NUMBERS = frozenset(range(2, 7))
+
+
+def terminal_lines(records: list[TestRecord], stale: list[str] | None = None) -> list[str]:
+    """The summary of a run's records: worst first, then by peak."""
+    return render_terminal(build_document(records, {}), stale)
+
+
+def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None) -> list[str]:
+    """The summary lines of a document, in its order, and the stale baseline entries."""
+    rows = [
+        (
+            str(test.get("nodeid") or ""),
+            str(test.get("backend") or ""),
+            size_text(test.get("peak_allocated")),
+            size_text(test.get("peak_increment")),
+            size_text(test.get("leftover")),
+            size_text(baseline_peak(test)),
+            change_text(test.get("change"), test.get("change_percent")),
+            str(test.get("status") or ""),
+        )
+        for test in document_tests(document)
+    ]
+    lines = table(_HEADER, rows, right=_NUMBERS)
+    measured, counts = status_counts(document)
+    lines.append(plural(measured, "measured test") + (": " + counts_text(counts) if counts else ""))
+    if stale:
+        entries = plural(len(stale), "baseline entry", "baseline entries")
+        verb = "has" if len(stale) == 1 else "have"
+        lines.append(
+            f"{entries} {verb} no test any more (remove them with --vram-prune-baselines):"
+        )
+        lines.extend(f"  {nodeid}" for nodeid in stale)
+    return lines
