@@ -23,8 +23,8 @@ __all__ = [
     "BaselineFile",
     "BaselineFileError",
     "BaselineStore",
-    "Change",
-    "compare",
+    "FigureChange",
+    "compare_with_entry",
     "file_name_for",
 ]
 
@@ -191,8 +191,8 @@ class BaselineStore:
 
 
 @dataclass(frozen=True)
-class Change:
-    """One figure against its baseline."""
+class FigureChange:
+    """One figure of a test against the same figure in its baseline entry."""
 
     figure: str
     baseline: int
@@ -228,12 +228,13 @@ class Change:
         )
 
 
-def compare(
-    current: dict[str, int], baseline: dict[str, int], tolerance: Tolerance
-) -> list[Change]:
-    """The compared figures present on both sides, in COMPARED_FIGURES order."""
+def compare_with_entry(
+    current: dict[str, int], entry: dict[str, int], tolerance: Tolerance
+) -> list[FigureChange]:
+    """The compared figures present in both ``current`` and the baseline ``entry``, in
+    COMPARED_FIGURES order."""
     return [
-        Change(name, baseline[name], current[name], tolerance)
+        FigureChange(name, entry[name], current[name], tolerance)
         for name in COMPARED_FIGURES
-        if name in current and name in baseline
+        if name in current and name in entry
     ]

@@ -20,7 +20,7 @@ import torch
 
 from pytest_vram import __version__
 from pytest_vram.backends import Backend, BackendUnavailable, create_backend, resolve_name
-from pytest_vram.baselines import BaselineStore, compare
+from pytest_vram.baselines import BaselineStore, compare_with_entry
 from pytest_vram.marks import MarkerError, VramMarks, read_marks
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.options import Settings
@@ -344,7 +344,7 @@ class VramSession:
             return
         record.baseline = dict(entry)
         tolerance = item.stash[MARKS].tolerance or self.settings.tolerance
-        changes = compare(record.figures(), entry, tolerance)
+        changes = compare_with_entry(record.figures(), entry, tolerance)
         regressions = [change for change in changes if change.regressed]
         hint = (
             "if this is intended, update the baseline: "

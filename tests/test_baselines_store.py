@@ -14,8 +14,8 @@ from pytest_vram.baselines import (
     BaselineFile,
     BaselineFileError,
     BaselineStore,
-    Change,
-    compare,
+    FigureChange,
+    compare_with_entry,
     file_name_for,
 )
 from pytest_vram.records import TestRecord as Record
@@ -367,13 +367,13 @@ def test_compare_takes_figures_on_both_sides_in_order() -> None:
     tolerance = parse_tolerance("5%")
     current = {"leak_growth": 0, "peak_allocated": 1100, "idle": 10, "peak_reserved": 4096}
     baseline = {"peak_allocated": 1000, "leak_growth": 0, "single_step_peak": 7, "peak_reserved": 1}
-    changes = compare(current, baseline, tolerance)
+    changes = compare_with_entry(current, baseline, tolerance)
     assert [c.figure for c in changes] == ["peak_allocated", "leak_growth"]
-    assert changes[0] == Change("peak_allocated", 1000, 1100, tolerance)
+    assert changes[0] == FigureChange("peak_allocated", 1000, 1100, tolerance)
 
 
 def test_compare_nothing_in_common() -> None:
-    assert compare({"peak_allocated": 1}, {"idle": 1}, parse_tolerance("5%")) == []
+    assert compare_with_entry({"peak_allocated": 1}, {"idle": 1}, parse_tolerance("5%")) == []
 
 
 @pytest.mark.parametrize(
@@ -395,7 +395,7 @@ def test_compare_nothing_in_common() -> None:
 def test_change_regressed_and_improved(
     baseline: int, current: int, tolerance: str, regressed: bool, improved: bool
 ) -> None:
-    change = Change("peak_allocated", baseline, current, parse_tolerance(tolerance))
+    change = FigureChange("peak_allocated", baseline, current, parse_tolerance(tolerance))
     assert change.delta == current - baseline
     assert change.regressed is regressed
     assert change.improved is improved
@@ -403,20 +403,20 @@ def test_change_regressed_and_improved(
 
 def test_change_percent() -> None:
     tolerance = parse_tolerance("5%")
-    assert Change("peak_allocated", 1000, 1100, tolerance).percent == pytest.approx(10.0)
-    assert Change("peak_allocated", 1000, 750, tolerance).percent == pytest.approx(-25.0)
-    assert Change("peak_allocated", 0, 10, tolerance).percent is None
+    assert FigureChange("peak_allocated", 1000, 1100, tolerance).percent == pytest.approx(10.0)
+    assert FigureChange("peak_allocated", 1000, 750, tolerance).percent == pytest.approx(-25.0)
+    assert FigureChange("peak_allocated", 0, 10, tolerance).percent is None
 
 
 def test_change_describe() -> None:
-    change = Change("peak_allocated", 16 * GiB, 18 * GiB, parse_tolerance("5%"))
+    change = FigureChange("peak_allocated", 16 * GiB, 18 * GiB, parse_tolerance("5%"))
     assert change.describe() == (
         "peak allocated 18.00 GiB against baseline 16.00 GiB (+2.00 GiB, +12.5%; tolerance 5%)"
     )
 
 
 def test_change_describe_without_percent() -> None:
-    change = Change("leak_growth", 0, 512, parse_tolerance("0B"))
+    change = FigureChange("leak_growth", 0, 512, parse_tolerance("0B"))
     assert change.describe() == (
         "leak-check growth 512 B against baseline 0 B (+512 B; tolerance 0B)"
     )
