@@ -461,7 +461,7 @@ class VramSession:
                 )
             else:
                 writer.prune(self.stale_entries())
-        self.notes += writer.save()
+        self.notes += writer.save().notes()
         self.notes += write_outputs(
             lambda: build_document(self.records, self.environments),
             self.settings,

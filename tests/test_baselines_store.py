@@ -494,15 +494,17 @@ def test_writer_keeps_entries_of_tests_that_did_not_run(tmp_path: Path) -> None:
 
     writer = BaselineWriter(BaselineStore.load(tmp_path), CPU_ENV)
     writer.update([record("t.py::test_b", 20), record("t.py::test_c", 30)])
-    lines = writer.save()
+    lines = writer.save().lines
     assert BaselineFile.read(tmp_path / "cpu.yaml").entries == {
         "t.py::test_a": {"peak_allocated": 1},
         "t.py::test_b": {"peak_allocated": 20},
         "t.py::test_c": {"peak_allocated": 30},
     }
     assert len(lines) == 1
-    assert "2 updated" in lines[0]
-    assert "cpu.yaml" in lines[0]
+    assert (
+        lines[0]
+        == f"baselines: 1 added, 1 updated, 0 removed in {tmp_path / 'cpu.yaml'} (3 entries)"
+    )
 
 
 def test_writer_prune_removes_entries(tmp_path: Path) -> None:
@@ -515,7 +517,7 @@ def test_writer_prune_removes_entries(tmp_path: Path) -> None:
 
     writer = BaselineWriter(BaselineStore.load(tmp_path), CPU_ENV)
     writer.prune(["t.py::gone", "t.py::never_there"])
-    lines = writer.save()
+    lines = writer.save().lines
     assert BaselineFile.read(tmp_path / "cpu.yaml").entries == {
         "t.py::test_a": {"peak_allocated": 1}
     }
@@ -536,12 +538,12 @@ def test_writer_saves_only_changed_files(tmp_path: Path) -> None:
     environments = {"sim": {"torch": "2.13.0"}}
     writer = BaselineWriter(BaselineStore.load(tmp_path), environments)
     writer.update([record("t.py::b", 5, backend="sim", device="sim")])
-    lines = writer.save()
+    lines = writer.save().lines
     assert len(lines) == 1
     assert "sim.yaml" in lines[0]
     assert (tmp_path / "cpu.yaml").read_text() == cpu_text
     assert (tmp_path / "sim.yaml").read_text() != sim_text
-    assert writer.save() == []
+    assert writer.save().lines == []
 
 
 def test_writer_with_unchanged_figures_writes_nothing(tmp_path: Path) -> None:
@@ -549,7 +551,7 @@ def test_writer_with_unchanged_figures_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "cpu.yaml").write_text(text)
     writer = BaselineWriter(BaselineStore.load(tmp_path), {"cpu": {"torch": "2.13.0"}})
     writer.update([record("t.py::a", 1)])
-    assert writer.save() == []
+    assert writer.save().lines == []
     assert (tmp_path / "cpu.yaml").read_text() == text
 
 
@@ -558,7 +560,7 @@ def test_writer_records_a_new_environment(tmp_path: Path) -> None:
     (tmp_path / "cpu.yaml").write_text(text)
     writer = BaselineWriter(BaselineStore.load(tmp_path), {"cpu": {"torch": "2.13.0"}})
     writer.update([record("t.py::a", 1)])
-    assert len(writer.save()) == 1
+    assert len(writer.save().lines) == 1
     assert BaselineFile.read(tmp_path / "cpu.yaml").environment == {"torch": "2.13.0"}
 
 
@@ -567,6 +569,11 @@ def test_writer_creates_a_file_for_a_new_device(tmp_path: Path) -> None:
     writer = BaselineWriter(BaselineStore.load(directory), {"cuda": {"gpu": H100}})
     writer.update([record("t.py::a", 10 * GiB, backend="cuda", device=H100)])
     writer.save()
-    assert files_in(directory) == ["nvidia-h100-80gb-hbm3.yaml"]
+    # Beside the file: its lock, and the .gitignore that keeps the lock out of commits.
+    assert files_in(directory) == [
+        ".gitignore",
+        ".nvidia-h100-80gb-hbm3.yaml.lock",
+        "nvidia-h100-80gb-hbm3.yaml",
+    ]
     loaded = BaselineStore.load(directory)
     assert loaded.entry(H100, "t.py::a") == {"peak_allocated": 10 * GiB}
