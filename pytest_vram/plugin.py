@@ -14,6 +14,7 @@ from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
 from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
 from pytest_vram.session import MEASUREMENT, VramSession, WorkerReports
+from pytest_vram.writer import preflight
 
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
@@ -32,6 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
             create_backend("cuda").close()
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
+    if not hasattr(config, "workerinput"):  # only the controller writes
+        preflight(settings)
     try:
         store = BaselineStore.load(settings.baseline_dir)
     except BaselineFileError as exc:

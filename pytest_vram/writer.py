@@ -1,12 +1,22 @@
-"""What the controller writes after the run: baseline files and the report files."""
+"""What the controller writes after the run: baseline files and the report files.
+
+Nothing here raises at the end of a session: each failure becomes an error line naming the path
+and the operating system's reason, the other outputs are still written, and the caller reads
+:attr:`Written.errors` to fail the run without a traceback. :func:`preflight` finds the usual
+causes (a directory that is a file, a place that cannot be written) before any test runs.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from pytest_vram.baselines import (
     BaselineFile,
@@ -23,7 +33,14 @@ from pytest_vram.records import TestRecord
 if TYPE_CHECKING:
     from pytest_vram.options import Settings
 
-__all__ = ["BaselineWriter", "Written", "write_outputs"]
+__all__ = [
+    "BaselineWriter",
+    "Written",
+    "fail_on_errors",
+    "preflight",
+    "preflight_problems",
+    "write_outputs",
+]
 
 # A test whose memory check failed must not become the new normal.
 _NOT_STORED = frozenset({"oom", "over-budget", "leak"})
@@ -150,34 +167,164 @@ class BaselineWriter:
 
 def write_outputs(
     make_document: Callable[[], dict[str, Any]], settings: Settings, step_summary: str | None
-) -> list[str]:
-    """The JSON, Markdown and HTML files the options ask for; lines for the terminal.
+) -> Written:
+    """The JSON, Markdown and HTML files the options ask for; never raises.
 
-    The document is built only when some output wants it.
+    The document is built only when some output wants it. A failure to render or write one
+    output is an error line and does not stop the others.
     """
-    lines: list[str] = []
-    wants_markdown = settings.markdown_path is not None or (settings.report and step_summary)
+    written = Written()
+    wants_markdown = settings.markdown_path is not None or bool(settings.report and step_summary)
     if not (settings.json_path or wants_markdown or settings.html_path):
-        return lines
-    document = make_document()
+        return written
+    document = _attempt(written, "cannot build the memory report", make_document)
+    if document is None:
+        return written
+    outputs: list[tuple[str, Path | str, Callable[[], str] | None]] = []
     if settings.json_path is not None:
-        _write(settings.json_path, json.dumps(document, indent=2, sort_keys=False) + "\n")
-        lines.append(f"wrote {settings.json_path}")
+        outputs.append(
+            ("--vram-json", settings.json_path, lambda: json.dumps(document, indent=2) + "\n")
+        )
     if wants_markdown:
         from pytest_vram.markdown import append_step_summary, render_markdown
 
-        markdown = render_markdown(document)
-        if settings.markdown_path is not None:
-            _write(settings.markdown_path, markdown)
-            lines.append(f"wrote {settings.markdown_path}")
-        if step_summary:
-            append_step_summary(markdown, step_summary)
+        markdown = _attempt(
+            written, "cannot render the Markdown report", lambda: render_markdown(document)
+        )
+        if markdown is not None:
+            if settings.markdown_path is not None:
+                outputs.append(("--vram-markdown", settings.markdown_path, lambda: markdown))
+            if step_summary:
+                outputs.append(("$GITHUB_STEP_SUMMARY", step_summary, None))
     if settings.html_path is not None:
         from pytest_vram.html import render_html
 
-        _write(settings.html_path, render_html(document))
-        lines.append(f"wrote {settings.html_path}")
-    return lines
+        outputs.append(("--vram-html", settings.html_path, lambda: render_html(document)))
+    for option, path, render in outputs:
+        if render is None:  # the job summary is appended to, never replaced
+            _attempt(
+                written,
+                f"cannot append to {option} {path}",
+                lambda path=path: append_step_summary(markdown, path),
+            )
+            continue
+        text = _attempt(written, f"cannot render {option} {path}", render)
+        if text is not None and _attempt(
+            written,
+            f"cannot write {option} {path}",
+            lambda path=path, text=text: _write(path, text),
+        ):
+            written.lines.append(f"wrote {path}")
+    return written
+
+
+def _attempt(written: Written, failure: str, action: Callable[[], Any]) -> Any:
+    """``action()``, or None with an error line; an OSError is told in the system's words."""
+    try:
+        result = action()
+    except OSError as exc:
+        written.errors.append(f"{failure}: {_reason(exc)}")
+    except Exception as exc:
+        written.errors.append(f"{failure}: {type(exc).__name__}: {exc}")
+    else:
+        return True if result is None else result
+    return None
+
+
+def fail_on_errors(session: pytest.Session, written: Written) -> None:
+    """A run whose outputs were not all written must not pass: exit with INTERNAL_ERROR (3).
+
+    Not TESTS_FAILED: every test may have passed, and CI should tell "the code regressed" from
+    "the run could not record its results". A run that already failed keeps its status.
+    """
+    if written.errors and session.exitstatus in (
+        pytest.ExitCode.OK,
+        pytest.ExitCode.NO_TESTS_COLLECTED,
+    ):
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+
+# -- preflight -------------------------------------------------------------------------------
+
+
+def preflight_problems(settings: Settings, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Why the outputs the options ask for could not be written, one line each; none when
+    all can. Checked before the tests run, so that a long run does not end in an error."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    if settings.update_baselines or settings.prune_baselines:
+        option = "--vram-update-baselines"
+        if not settings.update_baselines:
+            option = "--vram-prune-baselines"
+        problem = _directory_problem(settings.baseline_dir)
+        if problem:
+            problems.append(
+                f"{option}: cannot write baselines in {settings.baseline_dir}: {problem} "
+                "(--vram-baseline-dir / vram_baseline_dir choose the directory)"
+            )
+    for option, path in (
+        ("--vram-json", settings.json_path),
+        ("--vram-markdown", settings.markdown_path),
+        ("--vram-html", settings.html_path),
+    ):
+        problem = None if path is None else _file_problem(path)
+        if problem:
+            problems.append(f"{option} {path}: cannot write the report there: {problem}")
+    summary = environ.get("GITHUB_STEP_SUMMARY")
+    if summary and (settings.report or settings.markdown_path is not None):
+        problem = _file_problem(Path(summary), append=True)
+        if problem:
+            problems.append(
+                f"$GITHUB_STEP_SUMMARY {summary}: cannot append the memory table: {problem}"
+            )
+    return problems
+
+
+def preflight(settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+    """Raise pytest.UsageError naming each output that could not be written."""
+    problems = preflight_problems(settings, environ)
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
+
+
+def _directory_problem(directory: Path) -> str | None:
+    """Why files could not be created in ``directory`` (made if missing), or None."""
+    if directory.exists() and not directory.is_dir():
+        return "it is a file, not a directory"
+    return _probe(directory)
+
+
+def _file_problem(path: Path, append: bool = False) -> str | None:
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        try:
+            # Opening to append changes nothing in the file, and proves it can be written.
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            return _reason(exc)
+        return None
+    return _probe(path.parent)
+
+
+def _probe(directory: Path) -> str | None:
+    """Create and remove a file in ``directory``, or in the nearest ancestor that exists when
+    it does not (it would be made); the one check that the operating system agrees with."""
+    existing = directory
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".pytest-vram-probe-", dir=existing)
+    except OSError as exc:
+        return _reason(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _reason(exc: OSError) -> str:
