@@ -177,58 +177,80 @@ def write_outputs(
     wants_markdown = settings.markdown_path is not None or bool(settings.report and step_summary)
     if not (settings.json_path or wants_markdown or settings.html_path):
         return written
-    document = _attempt(written, "cannot build the memory report", make_document)
-    if document is None:
+    built: list[dict[str, Any]] = []
+    if not _attempt(
+        written, "cannot build the memory report", lambda: built.append(make_document())
+    ):
         return written
-    outputs: list[tuple[str, Path | str, Callable[[], str] | None]] = []
+    document = built[0]
+    # (what a failure says, the path to name when written, what writes it), in the order
+    # the lines are printed.
+    outputs: list[tuple[str, Path | None, Callable[[], None]]] = []
     if settings.json_path is not None:
+        path = settings.json_path
         outputs.append(
-            ("--vram-json", settings.json_path, lambda: json.dumps(document, indent=2) + "\n")
+            (
+                f"cannot write --vram-json {path}",
+                path,
+                lambda path=path: _write(path, json.dumps(document, indent=2) + "\n"),
+            )
         )
     if wants_markdown:
         from pytest_vram.markdown import append_step_summary, render_markdown
 
-        markdown = _attempt(
-            written, "cannot render the Markdown report", lambda: render_markdown(document)
-        )
-        if markdown is not None:
+        rendered: list[str] = []
+        if _attempt(
+            written,
+            "cannot render the Markdown report",
+            lambda: rendered.append(render_markdown(document)),
+        ):
+            markdown = rendered[0]
             if settings.markdown_path is not None:
-                outputs.append(("--vram-markdown", settings.markdown_path, lambda: markdown))
+                path = settings.markdown_path
+                outputs.append(
+                    (
+                        f"cannot write --vram-markdown {path}",
+                        path,
+                        lambda path=path: _write(path, markdown),
+                    )
+                )
             if step_summary:
-                outputs.append(("$GITHUB_STEP_SUMMARY", step_summary, None))
+                outputs.append(
+                    (
+                        f"cannot append to $GITHUB_STEP_SUMMARY {step_summary}",
+                        None,
+                        lambda: append_step_summary(markdown, step_summary),
+                    )
+                )
     if settings.html_path is not None:
         from pytest_vram.html import render_html
 
-        outputs.append(("--vram-html", settings.html_path, lambda: render_html(document)))
-    for option, path, render in outputs:
-        if render is None:  # the job summary is appended to, never replaced
-            _attempt(
-                written,
-                f"cannot append to {option} {path}",
-                lambda path=path: append_step_summary(markdown, path),
+        path = settings.html_path
+        outputs.append(
+            (
+                f"cannot write --vram-html {path}",
+                path,
+                lambda path=path: _write(path, render_html(document)),
             )
-            continue
-        text = _attempt(written, f"cannot render {option} {path}", render)
-        if text is not None and _attempt(
-            written,
-            f"cannot write {option} {path}",
-            lambda path=path, text=text: _write(path, text),
-        ):
-            written.lines.append(f"wrote {path}")
+        )
+    for failure, shown, write in outputs:
+        if _attempt(written, failure, write) and shown is not None:
+            written.lines.append(f"wrote {shown}")
     return written
 
 
-def _attempt(written: Written, failure: str, action: Callable[[], Any]) -> Any:
-    """``action()``, or None with an error line; an OSError is told in the system's words."""
+def _attempt(written: Written, failure: str, action: Callable[[], object]) -> bool:
+    """Run ``action``; on an error, add a line saying ``failure`` and why, and return False.
+    An OSError is told in the operating system's words, anything else with its type."""
     try:
-        result = action()
+        action()
     except OSError as exc:
         written.errors.append(f"{failure}: {_reason(exc)}")
     except Exception as exc:
         written.errors.append(f"{failure}: {type(exc).__name__}: {exc}")
     else:
-        return True if result is None else result
-    return None
+        return True
+    return False
 
 
 def fail_on_errors(session: pytest.Session, written: Written) -> None:

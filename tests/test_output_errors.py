@@ -303,9 +303,9 @@ def test_write_outputs_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         f"cannot write --vram-json {tmp_path / 'a-file' / 'r.json'}: Not a directory "
         f"({tmp_path / 'a-file'})",
         f"cannot append to $GITHUB_STEP_SUMMARY {tmp_path}: Is a directory ({tmp_path})",
-        f"cannot render --vram-html {tmp_path / 'r.html'}: ValueError: no chart for this",
+        f"cannot write --vram-html {tmp_path / 'r.html'}: ValueError: no chart for this",
     ]
-    assert written.notes()[-1].startswith("error: cannot render --vram-html")
+    assert written.notes()[-1].startswith("error: cannot write --vram-html")
 
 
 def test_write_outputs_survives_a_document_that_cannot_be_built(tmp_path: Path) -> None:
