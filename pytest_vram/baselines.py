@@ -164,8 +164,9 @@ class _Reader:
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.text = text
-        # A YAML error at the end of the file points one line past it.
-        self.last_line = max(1, len(text.splitlines()))
+        # A YAML error at the end of the file points one line past it. Lines as YAML counts
+        # them: splitlines() would also break at form feeds and other separators.
+        self.last_line = max(1, text.count("\n") + (not text.endswith("\n")))
 
     def fail(self, what: str, node: Node | None = None) -> BaselineFileError:
         where = str(self.path) if node is None else f"{self.path}:{self.line(node)}"
