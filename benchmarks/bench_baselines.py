@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_vram.baselines import BaselineFile, compare
+from pytest_vram.baselines import BaselineFile, compare_with_entry
 from pytest_vram.units import parse_tolerance
 
 
@@ -55,7 +55,10 @@ def main() -> None:
 
         def compare_all() -> int:
             return sum(
-                any(change.regressed for change in compare(current[nodeid], figures, tolerance))
+                any(
+                    change.regressed
+                    for change in compare_with_entry(current[nodeid], figures, tolerance)
+                )
                 for nodeid, figures in loaded.entries.items()
             )
 

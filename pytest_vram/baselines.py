@@ -1,31 +1,43 @@
 """The baseline store: one YAML file per device class, entries keyed by test node id.
 
-Files are data: they are read with a safe loader and checked, so a malformed or hand-broken file
-is an error that names the file and line. Writes go to a temporary file renamed over the old
-one, so an interrupted run never leaves half a file.
+Files are data: they are read with a safe loader and checked node by node, so a malformed or
+hand-broken file is an error that names the file and line. A file's name is the slug of its
+``device:`` field (``NVIDIA H100 80GB HBM3`` lives in ``nvidia-h100-80gb-hbm3.yaml``); the store
+finds a device class's file by that name, so a file can neither hide under another name nor be
+replaced by a new file of the same name. Writes go to a temporary file renamed over the old one,
+so an interrupted run never leaves half a file; writers of one file take a lock beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from pytest_vram.units import Tolerance, format_delta, format_size
 
 __all__ = [
     "COMPARED_FIGURES",
+    "GITIGNORE_PATTERNS",
     "BaselineFile",
     "BaselineFileError",
     "BaselineStore",
-    "Change",
-    "compare",
+    "FigureChange",
+    "compare_with_entry",
     "file_name_for",
+    "locked",
+    "make_directory",
+    "temporary_files_of",
 ]
 
 # The figures a regression is judged on, with the words messages use for them.
@@ -44,6 +56,21 @@ _HEADER = (
     "# pytest-vram baselines: peak memory per test, in bytes, for one device class.\n"
     "# Update after an intended change with: pytest --vram-update-baselines\n"
 )
+_TOP_KEYS = ("device", "environment", "tests")
+# The tags a safe loader builds; anything else (python/object, custom tags) is refused.
+_SAFE_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}"
+    for name in ("null", "bool", "int", "float", "str", "binary", "timestamp", "seq", "map")
+)
+_MAP_TAG = "tag:yaml.org,2002:map"
+_STR_TAG = "tag:yaml.org,2002:str"
+_INT_TAG = "tag:yaml.org,2002:int"
+
+# What the writer leaves beside a baseline file: its lock, and while it writes, a temporary
+# file. A killed writer can leave the temporary file; these patterns keep both out of git.
+TEMPORARY_SUFFIX = ".tmp"
+LOCK_SUFFIX = ".lock"
+GITIGNORE_PATTERNS = (f".*{LOCK_SUFFIX}", f".*{TEMPORARY_SUFFIX}")
 
 
 class BaselineFileError(Exception):
@@ -83,8 +110,12 @@ class BaselineFile:
 
     def write(self) -> None:
         """Replace the file atomically: a reader sees the old file or the new one, never half."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        make_directory(self.path.parent)
+        # The temporary name matches GITIGNORE_PATTERNS: a writer killed here leaves nothing
+        # that `git add` picks up, and the next writer under the lock removes it.
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=TEMPORARY_SUFFIX, dir=self.path.parent
+        )
         try:
             # mkstemp makes the file private; keep the old file's mode, or the umask's default.
             os.chmod(tmp, _mode_for(self.path))
@@ -103,47 +134,19 @@ class BaselineFile:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise BaselineFileError(f"{path}: cannot read the baseline file: {exc}") from None
-        try:
-            data = yaml.load(text, Loader=_SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise BaselineFileError(
-                f"{where}: malformed baseline file: {problem}; fix or delete the file, "
-                "then run with --vram-update-baselines"
-            ) from None
-        return cls._from_data(path, text, data)
+        return _Reader(path, text).read()
 
-    @classmethod
-    def _from_data(cls, path: Path, text: str, data: object) -> BaselineFile:
-        def fail(what: str, key: str | None = None) -> BaselineFileError:
-            line = _line_of(text, key) if key is not None else None
-            where = f"{path}:{line}" if line else str(path)
-            return BaselineFileError(f"{where}: malformed baseline file: {what}")
 
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise fail("expected a mapping with 'device' and 'tests' at the top")
-        tests = data.get("tests") or {}
-        if not isinstance(tests, dict):
-            raise fail("'tests' must map test node ids to figures", "tests")
-        entries: dict[str, dict[str, int]] = {}
-        for nodeid, figures in tests.items():
-            if not isinstance(figures, dict):
-                raise fail(f"the entry of {nodeid!r} must map figure names to bytes", str(nodeid))
-            for name, value in figures.items():
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise fail(
-                        f"{nodeid!r}: {name} must be an integer number of bytes, got {value!r}",
-                        str(nodeid),
-                    )
-            entries[str(nodeid)] = {str(k): int(v) for k, v in figures.items()}
-        environment = data.get("environment") or {}
-        if not isinstance(environment, dict):
-            raise fail("'environment' must be a mapping", "environment")
-        return cls(path, str(data.get("device") or path.stem), environment, entries)
+def make_directory(directory: Path) -> None:
+    """``mkdir -p``, where a file in the way is told as such ("Not a directory", naming the
+    file), not as mkdir's "File exists"."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        blocking = directory
+        while not blocking.exists() and blocking.parent != blocking:
+            blocking = blocking.parent
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(blocking)) from None
 
 
 def _mode_for(path: Path) -> int:
@@ -155,44 +158,366 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def _line_of(text: str, key: str) -> int | None:
-    """The line where ``key`` is a mapping key, plain or quoted."""
-    starts = (f"{key}:", f"'{key}':", f'"{key}":')
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip().startswith(starts):
-            return number
-    return None
+class _Reader:
+    """Builds a BaselineFile from the YAML node tree, where every value knows its line."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.text = text
+        # A YAML error at the end of the file points one line past it. Lines as YAML counts
+        # them: splitlines() would also break at form feeds and other separators.
+        self.last_line = max(1, text.count("\n") + (not text.endswith("\n")))
+
+    def fail(self, what: str, node: Node | None = None) -> BaselineFileError:
+        where = str(self.path) if node is None else f"{self.path}:{self.line(node)}"
+        return BaselineFileError(f"{where}: malformed baseline file: {what}")
+
+    def line(self, node: Node) -> int:
+        return min(node.start_mark.line + 1, self.last_line)
+
+    def read(self) -> BaselineFile:
+        loader = _SafeLoader(self.text)
+        try:
+            root = loader.get_single_node()
+            return self._file(loader, root)
+        except yaml.YAMLError as exc:
+            raise self._yaml_error(exc) from None
+        finally:
+            loader.dispose()
+
+    def _yaml_error(self, exc: yaml.YAMLError) -> BaselineFileError:
+        line = None
+        problem = getattr(exc, "problem", None)
+        context = getattr(exc, "context", None)
+        problem_mark = getattr(exc, "problem_mark", None)
+        context_mark = getattr(exc, "context_mark", None)
+        if problem_mark is not None:
+            line = problem_mark.line + 1
+            # At the end of the file, the line where the unclosed thing began says more.
+            if line > self.last_line and context_mark is not None:
+                line = context_mark.line + 1
+        elif context_mark is not None:
+            line = context_mark.line + 1
+        elif isinstance(exc, yaml.reader.ReaderError):
+            line = self.text.count("\n", 0, exc.position) + 1
+            character = exc.character  # libyaml gives its code, the Python reader the text
+            if isinstance(character, int):
+                character = chr(character)
+            problem = f"{exc.reason} (character {character!r})"
+        if line is not None and context and context_mark is not None:
+            problem = f"{problem} ({context} on line {min(context_mark.line + 1, self.last_line)})"
+        where = str(self.path) if line is None else f"{self.path}:{min(line, self.last_line)}"
+        return BaselineFileError(
+            f"{where}: malformed baseline file: {problem or exc}; fix or delete the file, "
+            "then run with --vram-update-baselines"
+        )
+
+    def _check_tags(self, node: Node) -> None:
+        if node.tag not in _SAFE_TAGS:
+            raise self.fail(f"the tag {node.tag!r} is not allowed in a baseline file", node)
+
+    def _pairs(self, node: Node, what: str) -> list[tuple[Node, Node]]:
+        """The key and value nodes of a mapping, with keys checked: scalar, unique."""
+        self._check_tags(node)
+        if not isinstance(node, MappingNode) or node.tag != _MAP_TAG:
+            raise self.fail(what, node)
+        seen: dict[Any, Node] = {}
+        for key, _ in node.value:
+            if not isinstance(key, ScalarNode):
+                raise self.fail("a key must be a plain value", key)
+            if key.value in seen:
+                raise self.fail(
+                    f"duplicate key {key.value!r} (first on line {self.line(seen[key.value])}); "
+                    "the second would silently replace the first",
+                    key,
+                )
+            seen[key.value] = key
+        return node.value
+
+    def _scalar(self, loader: Any, node: Node) -> Any:
+        self._check_tags(node)
+        if not isinstance(node, ScalarNode):
+            return None
+        # The two kinds nearly every scalar is, built directly: a tenth of the load time.
+        if node.tag == _STR_TAG:
+            return node.value
+        if node.tag == _INT_TAG:
+            return loader.construct_yaml_int(node)
+        return loader.construct_object(node)
+
+    def _key(self, loader: Any, node: Node, what: str) -> str:
+        value = self._scalar(loader, node)
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"{what} must be text, got {value!r}", node)
+        return value
+
+    def _file(self, loader: Any, root: Node | None) -> BaselineFile:
+        if root is None:  # an empty file
+            return BaselineFile(self.path, self.path.stem)
+        parts: dict[str, Node] = {}
+        for key, value in self._pairs(
+            root, "expected a mapping with 'device' and 'tests' at the top"
+        ):
+            name = self._scalar(loader, key)
+            if name not in _TOP_KEYS:
+                # An update rewrites the file with the keys it knows: refuse to drop others.
+                raise self.fail(
+                    f"unknown key {name!r} at the top; expected {', '.join(_TOP_KEYS)}", key
+                )
+            parts[name] = value
+        entries = self._entries(loader, parts.get("tests"))
+        environment = self._environment(loader, parts.get("environment"))
+        device_node = parts.get("device")
+        if device_node is None:
+            if entries:
+                raise self.fail(
+                    "no 'device' field: add the device class its figures were measured on, "
+                    f"such as `device: {self.path.stem}`"
+                )
+            device = self.path.stem
+        else:
+            device = self._scalar(loader, device_node)
+            if isinstance(device, bool) or not isinstance(device, (str, int, float)):
+                raise self.fail(f"'device' must be a device class, got {device!r}", device_node)
+            device = str(device).strip()
+            if not device:
+                raise self.fail("'device' is empty", device_node)
+        return BaselineFile(self.path, device, environment, entries)
+
+    def _entries(self, loader: Any, node: Node | None) -> dict[str, dict[str, int]]:
+        if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
+            return {}
+        entries: dict[str, dict[str, int]] = {}
+        for key, value in self._pairs(node, "'tests' must map test node ids to figures"):
+            nodeid = self._key(loader, key, "a test node id")
+            figures: dict[str, int] = {}
+            for name_node, figure in self._pairs(
+                value, f"the entry of {nodeid!r} must map figure names to bytes"
+            ):
+                name = self._key(loader, name_node, f"{nodeid!r}: a figure name")
+                number = self._scalar(loader, figure)
+                if isinstance(number, bool) or not isinstance(number, int):
+                    raise self.fail(
+                        f"{nodeid!r}: {name} must be an integer number of bytes, got {number!r}",
+                        figure,
+                    )
+                if number < 0:
+                    raise self.fail(
+                        f"{nodeid!r}: {name} is {number}: a number of bytes is never negative",
+                        figure,
+                    )
+                figures[name] = number
+            entries[nodeid] = figures
+        return entries
+
+    def _environment(self, loader: Any, node: Node | None) -> dict[str, Any]:
+        if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
+            return {}
+        environment: dict[str, Any] = {}
+        for key, value in self._pairs(node, "'environment' must be a mapping"):
+            name = self._key(loader, key, "an environment field")
+            if not isinstance(value, ScalarNode):
+                raise self.fail(f"environment field {name!r} must be a plain value", value)
+            environment[name] = self._scalar(loader, value)
+        return environment
 
 
 class BaselineStore:
-    """All baseline files of a directory, by device class."""
+    """All baseline files of a directory, by device class.
+
+    A device class's file is found by its name, so two spellings of one device class that
+    share a file name (``NVIDIA A100-SXM4-80GB``, ``nvidia a100 sxm4 80gb``) share the file.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        #: The loaded files, by their ``device:`` field.
         self.files: dict[str, BaselineFile] = {}
 
     @classmethod
     def load(cls, directory: Path) -> BaselineStore:
+        """Read every ``*.yaml`` file of ``directory``; BaselineFileError names a bad one."""
         store = cls(directory)
-        if directory.is_dir():
-            for path in sorted(directory.glob("*.yaml")):
-                loaded = BaselineFile.read(path)
-                store.files[loaded.device] = loaded
+        if not directory.is_dir():
+            return store
+        by_name: dict[str, BaselineFile] = {}
+        for path in sorted(directory.glob("*.yaml")):
+            loaded = BaselineFile.read(path)
+            expected = file_name_for(loaded.device)
+            other = by_name.get(expected)
+            if other is not None:
+                raise BaselineFileError(
+                    f"{other.path} and {path} both hold the baselines of device "
+                    f"{loaded.device!r}: one would hide the other; merge them into {expected} "
+                    "and delete the other"
+                )
+            by_name[expected] = loaded
+        for expected, loaded in by_name.items():
+            check_name(loaded, expected)
+            store.files[loaded.device] = loaded
         return store
 
+    def get(self, device: str) -> BaselineFile | None:
+        """The loaded file that holds ``device``'s baselines, if any."""
+        found = self.files.get(device)
+        if found is not None:
+            return found
+        name = file_name_for(device)
+        for loaded in self.files.values():
+            if loaded.path.name == name:
+                return loaded
+        return None
+
     def file_for(self, device: str) -> BaselineFile:
-        if device not in self.files:
-            self.files[device] = BaselineFile(self.directory / file_name_for(device), device)
-        return self.files[device]
+        """``device``'s file, a new empty one where the directory has none."""
+        found = self.get(device)
+        if found is None:
+            found = self.files[device] = BaselineFile(
+                self.directory / file_name_for(device), device
+            )
+        return found
 
     def entry(self, device: str, nodeid: str) -> dict[str, int] | None:
-        baseline = self.files.get(device)
+        baseline = self.get(device)
         return None if baseline is None else baseline.entries.get(nodeid)
+
+    def replace(self, baseline: BaselineFile) -> None:
+        """Put ``baseline`` (a fresh read of one of the store's files) in its place."""
+        for device, loaded in list(self.files.items()):
+            if loaded.path.name == baseline.path.name:
+                del self.files[device]
+        self.files[baseline.device] = baseline
+
+
+def check_name(baseline: BaselineFile, expected: str | None = None) -> None:
+    """A file must be named for its device: else the store would look for the device's
+    figures in another file, report every test new and, on an update, write that other file."""
+    expected = expected or file_name_for(baseline.device)
+    if baseline.path.name != expected:
+        raise BaselineFileError(
+            f"{baseline.path}: its device field is {baseline.device!r}, whose baselines belong "
+            f"in {expected}: rename the file to {expected}, or fix its device field"
+        )
+
+
+# -- writing under a lock ------------------------------------------------------------------
+
+
+def lock_path_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}{LOCK_SUFFIX}")
+
+
+def temporary_files_of(path: Path) -> list[Path]:
+    """Temporary files a killed writer of ``path`` left: ours, and the mkstemp names (eight
+    random characters, no suffix) of earlier versions."""
+    legacy = re.compile(rf"\.{re.escape(path.name)}\.[A-Za-z0-9_]{{8}}")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    prefix = f".{path.name}."
+    return sorted(
+        path.parent / name
+        for name in names
+        if name.startswith(prefix)
+        and (name.endswith(TEMPORARY_SUFFIX) or legacy.fullmatch(name))
+        and name != lock_path_for(path).name
+    )
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float = 120.0) -> Iterator[None]:
+    """Hold the lock of ``path`` (a ``.NAME.lock`` file beside it) for the block.
+
+    The operating system releases the lock when its holder exits, however it exits, so a killed
+    run never leaves a lock behind. The lock file stays: removing it would let a waiting
+    process and a new one lock two different files.
+    """
+    make_directory(path.parent)
+    lock_path = lock_path_for(path)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        _acquire(fd, lock_path, timeout)
+        try:
+            yield
+        finally:
+            _release(fd)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, lock_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _try_lock(fd)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{lock_path} is held by another run and was not released in {timeout:.0f} s"
+                ) from None
+            time.sleep(0.02)
+
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+try:
+    import msvcrt
+except ImportError:  # POSIX
+    msvcrt = None  # type: ignore[assignment]
+
+
+def _try_lock(fd: int) -> None:
+    """Lock without waiting; BlockingIOError when another process holds it."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    elif msvcrt is not None:  # pragma: no cover - Windows
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            raise BlockingIOError(str(exc)) from None
+
+
+def _release(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    elif msvcrt is not None:  # pragma: no cover - Windows
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+
+def ensure_gitignore(directory: Path) -> None:
+    """A ``.gitignore`` in the baseline directory that keeps lock and temporary files out of
+    commits; missing patterns are appended to one the user wrote."""
+    path = directory / ".gitignore"
+    try:
+        existing = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        existing = None
+    lines = [] if existing is None else existing.splitlines()
+    missing = [pattern for pattern in GITIGNORE_PATTERNS if pattern not in lines]
+    if not missing:
+        return
+    text = "".join(f"{pattern}\n" for pattern in missing)
+    if existing is None:
+        text = "# pytest-vram: the baseline writer's lock and temporary files\n" + text
+    elif existing and not existing.endswith("\n"):
+        text = "\n" + text
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+# -- comparing -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Change:
-    """One figure against its baseline."""
+class FigureChange:
+    """One figure of a test against the same figure in its baseline entry."""
 
     figure: str
     baseline: int
@@ -228,12 +553,13 @@ class Change:
         )
 
 
-def compare(
-    current: dict[str, int], baseline: dict[str, int], tolerance: Tolerance
-) -> list[Change]:
-    """The compared figures present on both sides, in COMPARED_FIGURES order."""
+def compare_with_entry(
+    current: dict[str, int], entry: dict[str, int], tolerance: Tolerance
+) -> list[FigureChange]:
+    """The compared figures present in both ``current`` and the baseline ``entry``, in
+    COMPARED_FIGURES order."""
     return [
-        Change(name, baseline[name], current[name], tolerance)
+        FigureChange(name, entry[name], current[name], tolerance)
         for name in COMPARED_FIGURES
-        if name in current and name in baseline
+        if name in current and name in entry
     ]

@@ -17,6 +17,7 @@ from pytest_vram.baselines import BaselineFileError, BaselineStore
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
 from pytest_vram.selection import MEASUREMENT, Selection
+from pytest_vram.writer import preflight
 
 if TYPE_CHECKING:
     from pytest_vram.handle import VramHandle
@@ -47,6 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
             create_backend("cuda").close()
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
+    if not hasattr(config, "workerinput"):  # only the controller writes
+        preflight(settings)
     try:
         store = BaselineStore.load(settings.baseline_dir)
     except BaselineFileError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_vram.verdict import Status, rank_of
+from pytest_vram.status import Status, rank_of
 
 __all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
 

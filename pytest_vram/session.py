@@ -30,7 +30,7 @@ from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
-from pytest_vram.writer import BaselineWriter, write_outputs
+from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
 __all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
@@ -292,12 +292,13 @@ class VramSession:
                 )
             else:
                 writer.prune(self.stale_entries())
-        self.notes += writer.save()
-        self.notes += write_outputs(
+        written = writer.save() + write_outputs(
             lambda: build_document(self.records, self.environments),
             self.settings,
             os.environ.get("GITHUB_STEP_SUMMARY"),
         )
+        self.notes += written.notes()
+        fail_on_errors(session, written)
         self.notes += self.snapshots.notes()
 
     def _counter_changes(self) -> list[str]:

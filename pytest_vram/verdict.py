@@ -1,4 +1,5 @@
-"""The memory verdict of one test: a :class:`Status` and the messages that explain it.
+"""The memory verdict of one test: a :class:`~pytest_vram.status.Status` and the messages that
+explain it.
 
 :func:`judge` is pure: it reads a finished record, the test's marks, its baseline entry and the
 settings, and returns a :class:`Verdict`. Nothing else decides a status.
@@ -11,65 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_vram.baselines import compare
+from pytest_vram.baselines import compare_with_entry
 from pytest_vram.records import BudgetResult, TestRecord
+from pytest_vram.status import Status
 from pytest_vram.units import describe_size, format_size
 
 if TYPE_CHECKING:
     from pytest_vram.marks import VramMarks
     from pytest_vram.options import Settings
 
-__all__ = ["FAILING_STATUSES", "Outcome", "Status", "Verdict", "judge", "rank_of"]
-
-
-class Status(str, enum.Enum):
-    """A test's memory status. Members are listed worst first: the order of every report."""
-
-    OOM = "oom"
-    OVER_BUDGET = "over-budget"
-    LEAK = "leak"
-    REGRESSION = "regression"
-    FAILED = "failed"
-    NEW = "new"
-    IMPROVED = "improved"
-    OK = "ok"
-    SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def rank(self) -> int:
-        """0 for the worst status; reports sort by it."""
-        return _RANK[self]
-
-    @property
-    def fails(self) -> bool:
-        """Whether the test fails because of (or with) this status."""
-        return self in _FAILING
-
-    @property
-    def stored(self) -> bool:
-        """Whether ``--vram-update-baselines`` may store the figures of a test with this
-        status: a test whose memory check failed must not become the new normal, and a
-        skipped test measured nothing."""
-        return self not in _FAILING and self is not Status.SKIPPED
-
-
-_RANK = {status: index for index, status in enumerate(Status)}
-_FAILING = frozenset(
-    {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.REGRESSION, Status.FAILED}
-)
-#: The values of the failing statuses, for readers of plain data (JSON, JUnit).
-FAILING_STATUSES = frozenset(status.value for status in _FAILING)
-
-
-def rank_of(value: str) -> int:
-    """The rank of a status given as text; unknown text ranks after every status."""
-    try:
-        return Status(value).rank
-    except ValueError:
-        return len(_RANK)
+__all__ = ["Outcome", "Verdict", "judge"]
 
 
 class Outcome(str, enum.Enum):
@@ -197,7 +149,8 @@ def _compare(
             )
         return
     verdict.baseline = dict(entry)
-    changes = compare(record.figures(), dict(entry), marks.tolerance or settings.tolerance)
+    tolerance = marks.tolerance or settings.tolerance
+    changes = compare_with_entry(record.figures(), dict(entry), tolerance)
     hint = f"if this is intended, update the baseline: {update}"
     regressions = [change for change in changes if change.regressed]
     improvements = [change for change in changes if change.improved]

@@ -14,8 +14,8 @@ from pytest_vram.baselines import (
     BaselineFile,
     BaselineFileError,
     BaselineStore,
-    Change,
-    compare,
+    FigureChange,
+    compare_with_entry,
     file_name_for,
 )
 from pytest_vram.records import TestRecord as Record
@@ -367,13 +367,13 @@ def test_compare_takes_figures_on_both_sides_in_order() -> None:
     tolerance = parse_tolerance("5%")
     current = {"leak_growth": 0, "peak_allocated": 1100, "idle": 10, "peak_reserved": 4096}
     baseline = {"peak_allocated": 1000, "leak_growth": 0, "single_step_peak": 7, "peak_reserved": 1}
-    changes = compare(current, baseline, tolerance)
+    changes = compare_with_entry(current, baseline, tolerance)
     assert [c.figure for c in changes] == ["peak_allocated", "leak_growth"]
-    assert changes[0] == Change("peak_allocated", 1000, 1100, tolerance)
+    assert changes[0] == FigureChange("peak_allocated", 1000, 1100, tolerance)
 
 
 def test_compare_nothing_in_common() -> None:
-    assert compare({"peak_allocated": 1}, {"idle": 1}, parse_tolerance("5%")) == []
+    assert compare_with_entry({"peak_allocated": 1}, {"idle": 1}, parse_tolerance("5%")) == []
 
 
 @pytest.mark.parametrize(
@@ -395,7 +395,7 @@ def test_compare_nothing_in_common() -> None:
 def test_change_regressed_and_improved(
     baseline: int, current: int, tolerance: str, regressed: bool, improved: bool
 ) -> None:
-    change = Change("peak_allocated", baseline, current, parse_tolerance(tolerance))
+    change = FigureChange("peak_allocated", baseline, current, parse_tolerance(tolerance))
     assert change.delta == current - baseline
     assert change.regressed is regressed
     assert change.improved is improved
@@ -403,20 +403,20 @@ def test_change_regressed_and_improved(
 
 def test_change_percent() -> None:
     tolerance = parse_tolerance("5%")
-    assert Change("peak_allocated", 1000, 1100, tolerance).percent == pytest.approx(10.0)
-    assert Change("peak_allocated", 1000, 750, tolerance).percent == pytest.approx(-25.0)
-    assert Change("peak_allocated", 0, 10, tolerance).percent is None
+    assert FigureChange("peak_allocated", 1000, 1100, tolerance).percent == pytest.approx(10.0)
+    assert FigureChange("peak_allocated", 1000, 750, tolerance).percent == pytest.approx(-25.0)
+    assert FigureChange("peak_allocated", 0, 10, tolerance).percent is None
 
 
 def test_change_describe() -> None:
-    change = Change("peak_allocated", 16 * GiB, 18 * GiB, parse_tolerance("5%"))
+    change = FigureChange("peak_allocated", 16 * GiB, 18 * GiB, parse_tolerance("5%"))
     assert change.describe() == (
         "peak allocated 18.00 GiB against baseline 16.00 GiB (+2.00 GiB, +12.5%; tolerance 5%)"
     )
 
 
 def test_change_describe_without_percent() -> None:
-    change = Change("leak_growth", 0, 512, parse_tolerance("0B"))
+    change = FigureChange("leak_growth", 0, 512, parse_tolerance("0B"))
     assert change.describe() == (
         "leak-check growth 512 B against baseline 0 B (+512 B; tolerance 0B)"
     )
@@ -494,15 +494,17 @@ def test_writer_keeps_entries_of_tests_that_did_not_run(tmp_path: Path) -> None:
 
     writer = BaselineWriter(BaselineStore.load(tmp_path), CPU_ENV)
     writer.update([record("t.py::test_b", 20), record("t.py::test_c", 30)])
-    lines = writer.save()
+    lines = writer.save().lines
     assert BaselineFile.read(tmp_path / "cpu.yaml").entries == {
         "t.py::test_a": {"peak_allocated": 1},
         "t.py::test_b": {"peak_allocated": 20},
         "t.py::test_c": {"peak_allocated": 30},
     }
     assert len(lines) == 1
-    assert "2 updated" in lines[0]
-    assert "cpu.yaml" in lines[0]
+    assert (
+        lines[0]
+        == f"baselines: 1 added, 1 updated, 0 removed in {tmp_path / 'cpu.yaml'} (3 entries)"
+    )
 
 
 def test_writer_prune_removes_entries(tmp_path: Path) -> None:
@@ -515,7 +517,7 @@ def test_writer_prune_removes_entries(tmp_path: Path) -> None:
 
     writer = BaselineWriter(BaselineStore.load(tmp_path), CPU_ENV)
     writer.prune(["t.py::gone", "t.py::never_there"])
-    lines = writer.save()
+    lines = writer.save().lines
     assert BaselineFile.read(tmp_path / "cpu.yaml").entries == {
         "t.py::test_a": {"peak_allocated": 1}
     }
@@ -536,12 +538,12 @@ def test_writer_saves_only_changed_files(tmp_path: Path) -> None:
     environments = {"sim": {"torch": "2.13.0"}}
     writer = BaselineWriter(BaselineStore.load(tmp_path), environments)
     writer.update([record("t.py::b", 5, backend="sim", device="sim")])
-    lines = writer.save()
+    lines = writer.save().lines
     assert len(lines) == 1
     assert "sim.yaml" in lines[0]
     assert (tmp_path / "cpu.yaml").read_text() == cpu_text
     assert (tmp_path / "sim.yaml").read_text() != sim_text
-    assert writer.save() == []
+    assert writer.save().lines == []
 
 
 def test_writer_with_unchanged_figures_writes_nothing(tmp_path: Path) -> None:
@@ -549,7 +551,7 @@ def test_writer_with_unchanged_figures_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "cpu.yaml").write_text(text)
     writer = BaselineWriter(BaselineStore.load(tmp_path), {"cpu": {"torch": "2.13.0"}})
     writer.update([record("t.py::a", 1)])
-    assert writer.save() == []
+    assert writer.save().lines == []
     assert (tmp_path / "cpu.yaml").read_text() == text
 
 
@@ -558,7 +560,7 @@ def test_writer_records_a_new_environment(tmp_path: Path) -> None:
     (tmp_path / "cpu.yaml").write_text(text)
     writer = BaselineWriter(BaselineStore.load(tmp_path), {"cpu": {"torch": "2.13.0"}})
     writer.update([record("t.py::a", 1)])
-    assert len(writer.save()) == 1
+    assert len(writer.save().lines) == 1
     assert BaselineFile.read(tmp_path / "cpu.yaml").environment == {"torch": "2.13.0"}
 
 
@@ -567,6 +569,11 @@ def test_writer_creates_a_file_for_a_new_device(tmp_path: Path) -> None:
     writer = BaselineWriter(BaselineStore.load(directory), {"cuda": {"gpu": H100}})
     writer.update([record("t.py::a", 10 * GiB, backend="cuda", device=H100)])
     writer.save()
-    assert files_in(directory) == ["nvidia-h100-80gb-hbm3.yaml"]
+    # Beside the file: its lock, and the .gitignore that keeps the lock out of commits.
+    assert files_in(directory) == [
+        ".gitignore",
+        ".nvidia-h100-80gb-hbm3.yaml.lock",
+        "nvidia-h100-80gb-hbm3.yaml",
+    ]
     loaded = BaselineStore.load(directory)
     assert loaded.entry(H100, "t.py::a") == {"peak_allocated": 10 * GiB}

@@ -20,7 +20,7 @@ from pytest_vram.report.document import (
     status_counts,
     totals,
 )
-from pytest_vram.verdict import Status
+from pytest_vram.status import Status
 
 GiB = 1024**3
 MiB = 1024**2

@@ -11,8 +11,9 @@ import pytest
 from pytest_vram.marks import Budget, VramMarks
 from pytest_vram.options import Settings
 from pytest_vram.records import TestRecord
+from pytest_vram.status import FAILING_STATUSES, Status, rank_of
 from pytest_vram.units import parse_tolerance
-from pytest_vram.verdict import FAILING_STATUSES, Outcome, Status, judge, rank_of
+from pytest_vram.verdict import Outcome, judge
 
 MiB = 1024**2
 

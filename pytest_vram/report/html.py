@@ -14,8 +14,8 @@ from typing import Any
 
 from pytest_vram.report.document import baseline_peak, document_tests, status_counts
 from pytest_vram.report.text import ENVIRONMENT_FIELDS, as_int, change_text, size_text
+from pytest_vram.status import FAILING_STATUSES, Status
 from pytest_vram.units import format_delta, format_size
-from pytest_vram.verdict import FAILING_STATUSES, Status
 
 __all__ = ["MAX_BARS", "render_html"]
 

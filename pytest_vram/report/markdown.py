@@ -22,8 +22,8 @@ from pytest_vram.report.text import (
     plural_noun,
     size_text,
 )
+from pytest_vram.status import FAILING_STATUSES, rank_of
 from pytest_vram.units import format_size
-from pytest_vram.verdict import FAILING_STATUSES, rank_of
 
 __all__ = ["MAX_BYTES", "STEP_SUMMARY_LIMIT", "append_step_summary", "render_markdown"]
 

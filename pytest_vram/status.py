@@ -1,0 +1,57 @@
+"""A test's memory status, worst first: the one order every report and the judge use."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["FAILING_STATUSES", "Status", "rank_of"]
+
+
+class Status(str, enum.Enum):
+    """A test's memory status. Members are listed worst first: the order of every report."""
+
+    OOM = "oom"
+    OVER_BUDGET = "over-budget"
+    LEAK = "leak"
+    REGRESSION = "regression"
+    FAILED = "failed"
+    NEW = "new"
+    IMPROVED = "improved"
+    OK = "ok"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def rank(self) -> int:
+        """0 for the worst status; reports sort by it."""
+        return _RANK[self]
+
+    @property
+    def fails(self) -> bool:
+        """Whether the test fails because of (or with) this status."""
+        return self in _FAILING
+
+    @property
+    def stored(self) -> bool:
+        """Whether ``--vram-update-baselines`` may store the figures of a test with this
+        status: a test whose memory check failed must not become the new normal, and a
+        skipped test measured nothing."""
+        return self not in _FAILING and self is not Status.SKIPPED
+
+
+_RANK = {status: index for index, status in enumerate(Status)}
+_FAILING = frozenset(
+    {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.REGRESSION, Status.FAILED}
+)
+#: The values of the failing statuses, for readers of plain data (JSON, JUnit).
+FAILING_STATUSES = frozenset(status.value for status in _FAILING)
+
+
+def rank_of(value: str) -> int:
+    """The rank of a status given as text; unknown text ranks after every status."""
+    try:
+        return Status(value).rank
+    except ValueError:
+        return len(_RANK)
