@@ -23,7 +23,8 @@ class BudgetResult:
     limit: int
     metric: str
     peak: int | None
-    typed: str
+    #: The limit as the marker gave it (``"72GB"``), for messages.
+    as_written: str
     passed: bool
 
 

@@ -530,7 +530,6 @@ def test_fake_cuda_nvml_reason_cleared_once_it_loads(
     try:
         assert sampler is not None
         assert nvml.unavailable_reason is None
-        assert sampler.total() == 80 * GiB
         assert sampler.used() == 1 * GiB
         assert sampler.driver_version() == "570.124.06"
     finally:

@@ -40,7 +40,7 @@ def test_json_markdown_and_html_files(pytester: pytest.Pytester) -> None:
     over, *_ = document["tests"]
     assert over["nodeid"] == "test_mem.py::test_over"
     assert over["budgets"] == [
-        {"limit": 1024, "metric": "allocated", "peak": 4096, "typed": "1KiB", "passed": False}
+        {"limit": 1024, "metric": "allocated", "peak": 4096, "as_written": "1KiB", "passed": False}
     ]
     assert "exceeds max_vram(1.00 KiB)" in over["messages"][0]
     leak = next(t for t in document["tests"] if t["nodeid"].endswith("test_leak_checked"))

@@ -32,9 +32,6 @@ class NvmlSampler:
     def used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
 
-    def total(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total)
-
     def driver_version(self) -> str:
         version = self._nvml.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else str(version)

@@ -60,8 +60,6 @@ class _Record:
         self.released.append((self.size, self.handle))
 
 
-# Marks storages that exist but are not the measured device's memory (see ``ignore``).
-_IGNORED = object()
 # lift_fresh aliases its input by its schema, but it is how torch.tensor(data) makes a tensor.
 _LIFTS = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
 _ALIASING: dict[Any, bool] = {}
@@ -151,7 +149,7 @@ class StorageTracker:
         except (NotImplementedError, RuntimeError):  # sparse, nested and other storage-less kinds
             return
         record = getattr(storage, self._key, None)
-        if record is _IGNORED or (record is None and not register):
+        if record is None and not register:
             return
         size = storage.nbytes() if self._size_of is None else self._size_of(storage.nbytes())
         if record is not None and record.size == size:
@@ -182,15 +180,6 @@ class StorageTracker:
         elif isinstance(tree, dict):
             for leaf in tree.values():
                 self.observe_all(leaf, register)
-
-    def ignore(self, tensor: torch.Tensor) -> None:
-        """Never count ``tensor``'s storage (memory that exists but is not the device's)."""
-        try:
-            storage = tensor.untyped_storage()
-        except (NotImplementedError, RuntimeError):
-            return
-        if getattr(storage, self._key, None) is None:
-            setattr(storage, self._key, _IGNORED)
 
     def _register(self, storage: torch.UntypedStorage, size: int) -> None:
         if self._on_allocate is not None:
