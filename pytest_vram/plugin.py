@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_vram.backends import BackendUnavailable, create_backend
-from pytest_vram.baselines import BaselineFileError, BaselineStore
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
 from pytest_vram.selection import MEASUREMENT, Selection
-from pytest_vram.writer import preflight
 
 if TYPE_CHECKING:
+    from pytest_vram.baselines import BaselineStore
     from pytest_vram.handle import VramHandle
     from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
 
@@ -48,19 +47,20 @@ def pytest_configure(config: pytest.Config) -> None:
             create_backend("cuda").close()
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
-    if not hasattr(config, "workerinput"):  # only the controller writes
-        preflight(settings)
-    try:
-        store = BaselineStore.load(settings.baseline_dir)
-    except BaselineFileError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if settings.wants_session and not hasattr(config, "workerinput"):
+        from pytest_vram.writer import preflight
+
+        preflight(settings)  # only the controller writes
+    # A malformed baseline file stops the run before any test; a project without baseline
+    # files loads nothing (nor the YAML library).
+    store = _load_store(settings) if _has_baseline_files(settings) else None
 
     def start_session() -> None:
         from pytest_vram.session import VramSession, WorkerReports
 
         if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
             return
-        session = VramSession(config, settings, store, selection)
+        session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
@@ -71,6 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist controller, which collects nothing but gathers its workers' records.
     if settings.wants_session or _is_xdist_controller(config):
         start_session()
+
+
+def _has_baseline_files(settings: Settings) -> bool:
+    directory = settings.baseline_dir
+    return directory.is_dir() and any(directory.glob("*.yaml"))
+
+
+def _load_store(settings: Settings) -> BaselineStore:
+    from pytest_vram.baselines import BaselineFileError, BaselineStore
+
+    try:
+        return BaselineStore.load(settings.baseline_dir)
+    except BaselineFileError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:

@@ -23,7 +23,12 @@ from pytest_vram.options import Settings
 from pytest_vram.ownership import view_for
 from pytest_vram.pool import BackendPool
 from pytest_vram.records import TestRecord
-from pytest_vram.report import build_document, junit_properties, terminal_lines
+from pytest_vram.report import (
+    build_document,
+    junit_properties,
+    suite_properties,
+    terminal_lines,
+)
 from pytest_vram.scenarios import LeakError
 from pytest_vram.seeding import seed_generators
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
@@ -38,16 +43,6 @@ VERDICT = pytest.StashKey[Verdict]()
 #: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
 RAISED = pytest.StashKey[BaseException]()
 RECORD = pytest.StashKey[TestRecord]()
-# The environment a JUnit suite names in vram_env_* properties.
-_SUITE_ENVIRONMENT_KEYS = (
-    "backend",
-    "device",
-    "cpu_counter",
-    "torch",
-    "cuda",
-    "driver",
-    "total_memory",
-)
 
 
 class VramSession:
@@ -324,11 +319,8 @@ class VramSession:
         xml = self.config.stash.get(xml_key, None)
         if xml is None or not self.junit_properties:
             return
-        for name, environment in sorted(self.environments.items()):
-            prefix = "vram_env" if len(self.environments) == 1 else f"vram_env_{name}"
-            for key in _SUITE_ENVIRONMENT_KEYS:
-                if environment.get(key) is not None:
-                    xml.add_global_property(f"{prefix}_{key}", str(environment[key]))
+        for name, value in suite_properties(self.environments):
+            xml.add_global_property(name, value)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.is_worker:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["FAILING_STATUSES", "Status", "rank_of"]
+__all__ = ["FAILING_STATUSES", "Status", "is_stored", "rank_of"]
 
 
 class Status(str, enum.Enum):
@@ -36,14 +36,18 @@ class Status(str, enum.Enum):
     @property
     def stored(self) -> bool:
         """Whether ``--vram-update-baselines`` may store the figures of a test with this
-        status: a test whose memory check failed must not become the new normal, and a
-        skipped test measured nothing."""
-        return self not in _FAILING and self is not Status.SKIPPED
+        status: a test that failed or whose memory check failed (a budget, a leak, an OOM)
+        must not become the new normal, and a skipped test measured nothing. A regression is
+        what an update is for."""
+        return self not in _NOT_STORED
 
 
 _RANK = {status: index for index, status in enumerate(Status)}
 _FAILING = frozenset(
     {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.REGRESSION, Status.FAILED}
+)
+_NOT_STORED = frozenset(
+    {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.FAILED, Status.SKIPPED}
 )
 #: The values of the failing statuses, for readers of plain data (JSON, JUnit).
 FAILING_STATUSES = frozenset(status.value for status in _FAILING)
@@ -55,3 +59,11 @@ def rank_of(value: str) -> int:
         return Status(value).rank
     except ValueError:
         return len(_RANK)
+
+
+def is_stored(value: str) -> bool:
+    """Whether a test with the status ``value`` may be stored; unknown text may not."""
+    try:
+        return Status(value).stored
+    except ValueError:
+        return False

@@ -29,6 +29,7 @@ from pytest_vram.baselines import (
     temporary_files_of,
 )
 from pytest_vram.records import TestRecord
+from pytest_vram.status import is_stored
 
 if TYPE_CHECKING:
     from pytest_vram.options import Settings
@@ -41,10 +42,6 @@ __all__ = [
     "preflight_problems",
     "write_outputs",
 ]
-
-# A test whose memory check failed must not become the new normal.
-_NOT_STORED = frozenset({"oom", "over-budget", "leak"})
-
 
 @dataclass
 class Written:
@@ -83,7 +80,8 @@ class BaselineWriter:
     def update(self, records: list[TestRecord]) -> None:
         """Store the figures of each test that ran and passed; other entries stay untouched."""
         for record in records:
-            if record.outcome != "passed" or record.status in _NOT_STORED:
+            # A test whose memory check failed must not become the new normal.
+            if record.outcome != "passed" or not is_stored(record.status):
                 continue
             baseline = self.store.file_for(record.device)
             changes = self._changes_of(baseline)
