@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from pytest_vram.report.text import percent_text
 from pytest_vram.units import Tolerance, format_delta, format_size
 
 __all__ = [
@@ -545,7 +546,7 @@ class FigureChange:
         return -self.delta > self.allowance
 
     def describe(self) -> str:
-        percent = "" if self.percent is None else f", {self.percent:+.1f}%"
+        percent = "" if self.percent is None else f", {percent_text(self.percent)}"
         return (
             f"{COMPARED_FIGURES.get(self.figure, self.figure)} {format_size(self.current)} "
             f"against baseline {format_size(self.baseline)} "

@@ -17,8 +17,16 @@ from xml.etree import ElementTree
 from junitparser import JUnitXml, JUnitXmlError, Properties
 
 from pytest_vram.errors import UsageError
-from pytest_vram.records import STATUS_ORDER
-from pytest_vram.units import SizeError, Tolerance, format_delta, format_size, parse_tolerance
+from pytest_vram.report.text import (
+    as_int,
+    change_text,
+    environment_line,
+    plural,
+    size_text,
+)
+from pytest_vram.report.text import table as table_lines
+from pytest_vram.status import rank_of
+from pytest_vram.units import SizeError, Tolerance, parse_tolerance
 
 __all__ = [
     "JUnitFileError",
@@ -34,7 +42,6 @@ __all__ = [
 PREFIX = "vram_"
 ENV_PREFIX = "vram_env_"
 _INT_RE = re.compile(r"^-?\d+$")
-_RANK = {status: index for index, status in enumerate(STATUS_ORDER)}
 _NO_PROPERTIES_HINT = (
     "run pytest with --junitxml and --vram-report (or a vram marker or fixture), "
     "and without --vram-junit-properties=no"
@@ -324,15 +331,15 @@ def _summary_text(table: MemoryTable) -> str:
         lines.append("")
     if not table.rows:
         lines.append(
-            f"{table.path}: none of its {table.total} test{_s(table.total)} carries vram "
+            f"{table.path}: none of its {plural(table.total, 'test')} carries vram "
             f"properties; {_NO_PROPERTIES_HINT}"
         )
         return "\n".join(lines) + "\n"
     rows = sorted(
         table.rows,
         key=lambda r: (
-            _RANK.get(str(r.get("vram_status")), len(_RANK)),
-            -_int(r.get("vram_peak_allocated")),
+            rank_of(str(r.get("vram_status"))),
+            -(as_int(r.get("vram_peak_allocated")) or 0),
             r["name"],
         ),
     )
@@ -340,18 +347,19 @@ def _summary_text(table: MemoryTable) -> str:
         [
             row["name"],
             str(row.get("vram_backend", "")),
-            _size(row.get("vram_peak_allocated")),
-            _size(row.get("vram_baseline")),
+            size_text(row.get("vram_peak_allocated")),
+            size_text(row.get("vram_baseline")),
             str(row.get("vram_status", "")),
         ]
         for row in rows
     ]
-    lines.append(_table(["test", "backend", "peak", "baseline", "status"], body, right={2, 3}))
+    lines += table_lines(["test", "backend", "peak", "baseline", "status"], body, right={2, 3})
+    lines.append("")
     measured = len(table.rows)
-    line = f"{measured} measured test{_s(measured)}"
+    line = plural(measured, "measured test")
     skipped = table.total - measured
     if skipped:
-        line += f"; {skipped} test{_s(skipped)} without vram properties not shown"
+        line += f"; {plural(skipped, 'test')} without vram properties not shown"
     counts: dict[str, int] = {}
     for row in rows:
         status = str(row.get("vram_status", ""))
@@ -366,7 +374,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     base, head = read_junit(args.base), read_junit(args.head)
     if not head.rows:
         raise JUnitFileError(
-            f"{head.path}: none of its {head.total} test{_s(head.total)} carries vram "
+            f"{head.path}: none of its {plural(head.total, 'test')} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
     result = compare_runs(base.rows, head.rows, args.tolerance)
@@ -376,8 +384,8 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -> str:
     lines = [
-        f"base: {base.path} ({len(base.rows)} measured test{_s(len(base.rows))})",
-        f"head: {head.path} ({len(head.rows)} measured test{_s(len(head.rows))})",
+        f"base: {base.path} ({plural(len(base.rows), 'measured test')})",
+        f"head: {head.path} ({plural(len(head.rows), 'measured test')})",
         f"tolerance: {result.tolerance}",
     ]
     if not base.rows:
@@ -391,15 +399,18 @@ def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -
     lines.append("")
     shown = [c for c in result.changes if c.kind != "unchanged"]
     if shown:
-        body = []
-        for change in shown:
-            delta = ""
-            if change.delta is not None:
-                delta = format_delta(change.delta)
-                if change.percent is not None:
-                    delta += f" ({change.percent:+.1f}%)"
-            body.append([change.name, _size(change.base), _size(change.head), delta, change.kind])
-        lines.append(_table(["test", "base", "head", "change", "result"], body, right={1, 2, 3}))
+        body = [
+            [
+                change.name,
+                size_text(change.base),
+                size_text(change.head),
+                change_text(change.delta, change.percent, missing=""),
+                change.kind,
+            ]
+            for change in shown
+        ]
+        lines += table_lines(["test", "base", "head", "change", "result"], body, right={1, 2, 3})
+        lines.append("")
     parts = []
     for kind, label in (
         ("grown", f"grown beyond {result.tolerance}"),
@@ -416,7 +427,7 @@ def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -
     if result.failed:
         count = len(result.grown)
         lines.append(
-            f"FAILED: {count} test{_s(count)} grew beyond the tolerance ({result.tolerance})."
+            f"FAILED: {plural(count, 'test')} grew beyond the tolerance ({result.tolerance})."
         )
     return "\n".join(lines) + "\n"
 
@@ -426,38 +437,8 @@ def _devices(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _describe_env(env: dict[str, Any]) -> str:
-    facts = [str(env.get("backend", "?"))]
+    backend = str(env.get("backend", "?"))
+    device = str(env.get("device", ""))
     # The sim and cpu backends name their device after themselves: "sim", not "sim, sim".
-    if "device" in env and str(env["device"]) != facts[0]:
-        facts.append(str(env["device"]))
-    for key, label in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
-        if key in env:
-            facts.append(f"{label} {env[key]}")
-    if isinstance(env.get("total_memory"), int):
-        facts.append(f"{format_size(env['total_memory'])} total")
-    return ", ".join(facts)
-
-
-def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        padded = [
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(cells)
-        ]
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([line(header), *(line(row) for row in rows)]) + "\n"
-
-
-def _size(value: object) -> str:
-    return format_size(value) if isinstance(value, int) and not isinstance(value, bool) else "-"
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _s(count: int) -> str:
-    return "" if count == 1 else "s"
+    facts = environment_line({**env, "device": "" if device == backend else device})
+    return ", ".join(part for part in (backend, facts) if part)
