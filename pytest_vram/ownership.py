@@ -20,7 +20,7 @@ import pytest
 
 from pytest_vram.backends import Backend
 
-__all__ = ["OwnView", "held_bytes", "tensors_in", "view_for"]
+__all__ = ["OwnView", "held_bytes", "still_held_by_fixtures", "tensors_in", "view_for"]
 
 # How many objects one fixture value's walk visits at most: a fixture that holds a whole
 # framework's state is not walked to its end.
@@ -130,6 +130,11 @@ def view_for(item: pytest.Item, backend: Backend) -> OwnView:
         held=held_bytes(reused, backend),
         replaced={name: held_bytes([value], backend) for name, value in replaced.items()},
     )
+
+
+def still_held_by_fixtures(item: pytest.Item, backend: Backend) -> int:
+    """What ``item``'s broader-scoped fixtures that are still made hold, after its teardown."""
+    return held_bytes(cached_fixture_values(item)[0], backend)
 
 
 class OwnView:

@@ -20,7 +20,7 @@ from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.options import Settings
-from pytest_vram.ownership import view_for
+from pytest_vram.ownership import still_held_by_fixtures, view_for
 from pytest_vram.pool import BackendPool
 from pytest_vram.records import TestRecord
 from pytest_vram.report import (
@@ -231,6 +231,9 @@ class VramSession:
         measurement.end()
         record = measurement.record
         backend = self.pool.backends[record.backend]
+        # What the test's broader-scoped fixtures still hold is theirs, not left over by the
+        # test: the end counts them as they were at the start, whichever test made them.
+        record.end_allocated += record.start_allocated - still_held_by_fixtures(item, backend)
         self._last_end[record.backend] = backend.allocated()
         record.status = verdict.status.value
         if verdict.status is Status.SKIPPED:

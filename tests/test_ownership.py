@@ -182,3 +182,38 @@ def test_a_baseline_recorded_alone_holds_in_the_full_suite(pytester: pytest.Pyte
     result.assert_outcomes(passed=2)
     stored = yaml.safe_load(Path(pytester.path / "baselines" / "cpu.yaml").read_text())
     assert stored["tests"]["test_order.py::test_target"]["peak_allocated"] == 4000
+
+
+def test_leftover_is_what_the_test_left_not_what_its_fixtures_hold(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_left="""
+        import pytest, torch
+
+        KEPT = []
+
+        @pytest.fixture(scope="module")
+        def weights():
+            return torch.ones(4096)  # 16 KiB, alive until the module ends
+
+        def test_makes_the_fixture(vram, weights):
+            pass
+
+        def test_leaks(vram, weights):
+            KEPT.append(torch.ones(1024))  # 4 KiB that outlive the test
+
+        def test_last(vram):
+            pass
+        """
+    )
+    out = pytester.path / "out.json"
+    result = pytester.runpytest(
+        "--vram-backend=cpu", "--vram-report", f"--vram-json={out}", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=3)
+    leftover = {
+        test["nodeid"].split("::")[-1]: test["leftover"]
+        for test in json.loads(out.read_text())["tests"]
+    }
+    assert leftover == {"test_makes_the_fixture": 0, "test_leaks": 4 * KiB, "test_last": 0}
