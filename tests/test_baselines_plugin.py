@@ -183,7 +183,7 @@ def test_stale_entries_are_listed_and_pruned_only_where_the_run_knows(
     result = pytester.runpytest(CPU, "--vram-report", "test_mem.py")
     result.stdout.fnmatch_lines(
         [
-            "1 baseline entry has no test any more (remove them with --vram-prune-baselines):",
+            "1 baseline entry has no test any more (remove it with --vram-prune-baselines):",
             "  test_mem.py::test_beta",
         ]
     )

@@ -41,9 +41,9 @@ def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None)
     lines.append(plural(measured, "measured test") + (": " + counts_text(counts) if counts else ""))
     if stale:
         entries = plural(len(stale), "baseline entry", "baseline entries")
-        verb = "has" if len(stale) == 1 else "have"
+        verb, them = ("has", "it") if len(stale) == 1 else ("have", "them")
         lines.append(
-            f"{entries} {verb} no test any more (remove them with --vram-prune-baselines):"
+            f"{entries} {verb} no test any more (remove {them} with --vram-prune-baselines):"
         )
         lines.extend(f"  {nodeid}" for nodeid in stale)
     return lines
