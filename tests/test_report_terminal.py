@@ -132,7 +132,7 @@ def test_terminal_lines_one_stale_entry_and_zero_baseline() -> None:
     # A zero baseline has no percentage.
     assert lines[1].endswith(" 0 B  +1.00 KiB  regression")
     assert lines[-2] == (
-        "1 baseline entry has no test any more (remove them with --vram-prune-baselines):"
+        "1 baseline entry has no test any more (remove it with --vram-prune-baselines):"
     )
     assert lines[-1] == "  t.py::gone"
 
