@@ -45,6 +45,7 @@ _SUITE_ENVIRONMENT_KEYS = (
     "cpu_counter",
     "torch",
     "cuda",
+    "hip",
     "driver",
     "total_memory",
 )

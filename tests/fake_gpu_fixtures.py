@@ -18,6 +18,16 @@ from pytest_vram.backends.cuda import CudaBackend
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
     """torch.cuda answering from a FakeAllocator, as on a machine with one H100."""
+    alloc = install_fake_cuda(monkeypatch)
+    # A worker of the run that tests these fakes must not move them to another device.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("PYTEST_VRAM_WORKER_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return alloc
+
+
+def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
+    """Patch torch.cuda to answer from a new FakeAllocator (a conftest.py can call it too)."""
     alloc = FakeAllocator()
     cuda = torch.cuda
 
@@ -99,10 +109,6 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear_workspaces, raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.version, "hip", None)
-    # A worker of the run that tests these fakes must not move them to another device.
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    monkeypatch.delenv("PYTEST_VRAM_WORKER_GPUS", raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return alloc
 
 
