@@ -51,6 +51,13 @@ def test_plain(benchmark):
 """
 
 
+@pytest.fixture(autouse=True)
+def not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-benchmark turns itself off in an xdist worker's environment, which the inner
+    runs would inherit when these tests run under -n."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+
+
 def benchmarks(path: Path) -> dict[str, dict[str, Any]]:
     data = json.loads(path.read_text())
     return {bench["name"]: bench for bench in data["benchmarks"]}
