@@ -64,6 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(session, PLUGIN_NAME)
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
+        if config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark is active
+            from pytest_vram import benchmarking
+
+            benchmarking.register(config)
 
     selection = Selection(config, settings, on_measured=start_session)
     config.pluginmanager.register(selection, SELECTION_NAME)

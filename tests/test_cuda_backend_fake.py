@@ -1,236 +1,25 @@
 """The cuda backend and the NVML sampler against a fake torch.cuda and a fake pynvml.
 
-Every test here replaces torch.cuda's memory functions with a small allocator model, so they
-run without a GPU and check what the backend reads, resets and calls.
+Every test here replaces torch.cuda's memory functions with a small allocator model
+(tests/fake_gpu.py), so they run without a GPU and check what the backend reads, resets and calls.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-import types
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch
+from fake_gpu import H100, UUID, FakeAllocator, FakeNvml, GiB, MiB, gpu, sampler_threads
 
 from pytest_vram.backends import nvml
 from pytest_vram.backends.base import BackendUnavailable
 from pytest_vram.backends.cuda import CudaBackend
+from pytest_vram.backends.sampler import SourceUnavailable, open_device_sampler
 from pytest_vram.measurement import TestMeasurement
 
-GiB = 1024**3
-MiB = 1024**2
-H100 = "NVIDIA H100 80GB HBM3"
-UUID = "8f2c4d1e-0b6a-4c5e-9d7f-2a1b3c4d5e6f"
-SEGMENT = 2 * MiB
-
-
-class FakeAllocator:
-    """The caching allocator's figures: blocks come from 2 MiB segments it keeps until emptied."""
-
-    def __init__(self) -> None:
-        self.allocated = 0
-        self.reserved = 0
-        self.peak_allocated = 0
-        self.peak_reserved = 0
-        self.num_ooms = 0
-        self.num_alloc_retries = 0
-        self.inactive_split = 0
-        self.initialised = False
-        self.calls: list[str] = []
-        self.devices: set[int] = set()
-
-    def malloc(self, nbytes: int) -> None:
-        self.allocated += nbytes
-        if self.allocated > self.reserved:
-            self.reserved = -(-self.allocated // SEGMENT) * SEGMENT
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-
-    def free(self, nbytes: int) -> None:
-        self.allocated -= nbytes
-
-    def empty_cache(self) -> None:
-        self.calls.append("empty_cache")
-        self.reserved = -(-self.allocated // SEGMENT) * SEGMENT
-
-    def seen(self, device: Any) -> int:
-        index = 0 if device is None else int(device)
-        self.devices.add(index)
-        return index
-
-
-class FakeNvml(types.ModuleType):
-    """pynvml with one GPU whose used memory the test sets."""
-
-    def __init__(self, used: int = 1 * GiB, total: int = 80 * GiB) -> None:
-        super().__init__("pynvml")
-        self.used = used
-        self.total = total
-        self.init_error: Exception | None = None
-        self.uuid_error: Exception | None = None
-        self.read_error: Exception | None = None
-        self.handles: list[tuple[str, object]] = []
-        self.spike: int | None = None
-        self.spike_served = threading.Event()
-        self.spike_thread: str | None = None
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object:
-        if self.uuid_error is not None:
-            raise self.uuid_error
-        self.handles.append(("uuid", uuid))
-        return ("handle", uuid)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
-        self.handles.append(("index", index))
-        return ("handle", index)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
-        if self.read_error is not None:
-            raise self.read_error
-        used = self.used
-        if self.spike is not None:
-            # One reading at the spike, then memory falls back.
-            used, self.spike = self.spike, None
-            self.spike_thread = threading.current_thread().name
-            self.spike_served.set()
-        return SimpleNamespace(used=used, total=self.total, free=self.total - used)
-
-    def nvmlSystemGetDriverVersion(self) -> bytes:
-        return b"570.124.06"
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
-    """torch.cuda answering from a FakeAllocator, as on a machine with one H100."""
-    alloc = FakeAllocator()
-    cuda = torch.cuda
-
-    def init() -> None:
-        alloc.initialised = True
-
-    def memory_stats(device: Any = None) -> dict[str, int]:
-        alloc.seen(device)
-        return {
-            "allocated_bytes.all.current": alloc.allocated,
-            "allocated_bytes.all.peak": alloc.peak_allocated,
-            "reserved_bytes.all.current": alloc.reserved,
-            "reserved_bytes.all.peak": alloc.peak_reserved,
-            "num_ooms": alloc.num_ooms,
-            "num_alloc_retries": alloc.num_alloc_retries,
-            "inactive_split_bytes.all.current": alloc.inactive_split,
-        }
-
-    def max_memory_allocated(device: Any = None) -> int:
-        alloc.seen(device)
-        # As torch does: 0 until CUDA is initialised.
-        return alloc.peak_allocated if alloc.initialised else 0
-
-    def reset_peak_memory_stats(device: Any = None) -> None:
-        alloc.seen(device)
-        alloc.calls.append("reset_peak_memory_stats")
-        alloc.peak_allocated = alloc.allocated
-        alloc.peak_reserved = alloc.reserved
-
-    def memory_allocated(device: Any = None) -> int:
-        alloc.seen(device)
-        return alloc.allocated
-
-    def memory_reserved(device: Any = None) -> int:
-        alloc.seen(device)
-        return alloc.reserved
-
-    def max_memory_reserved(device: Any = None) -> int:
-        alloc.seen(device)
-        return alloc.peak_reserved
-
-    def synchronize(device: Any = None) -> None:
-        alloc.seen(device)
-        alloc.calls.append("synchronize")
-
-    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        alloc.seen(device)
-        return f"|  fake summary, abbreviated={abbreviated}, {alloc.allocated} bytes  |"
-
-    def properties(device: Any = None) -> SimpleNamespace:
-        alloc.seen(device)
-        return SimpleNamespace(name=H100, total_memory=80 * GiB, uuid=UUID)
-
-    def device_name(device: Any = None) -> str:
-        alloc.seen(device)
-        return H100
-
-    def clear_workspaces() -> None:
-        alloc.calls.append("clear_cublas_workspaces")
-
-    patches: dict[str, Callable[..., Any]] = {
-        "is_available": lambda: True,
-        "init": init,
-        "current_device": lambda: 0,
-        "memory_stats": memory_stats,
-        "memory_allocated": memory_allocated,
-        "max_memory_allocated": max_memory_allocated,
-        "reset_peak_memory_stats": reset_peak_memory_stats,
-        "memory_reserved": memory_reserved,
-        "max_memory_reserved": max_memory_reserved,
-        "get_device_name": device_name,
-        "get_device_properties": properties,
-        "synchronize": synchronize,
-        "empty_cache": alloc.empty_cache,
-        "memory_summary": memory_summary,
-    }
-    for name, function in patches.items():
-        monkeypatch.setattr(cuda, name, function)
-    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear_workspaces, raising=False)
-    monkeypatch.setattr(torch.version, "cuda", "12.8")
-    # open_sampler records why NVML is missing in a module global; restore it afterwards.
-    monkeypatch.setattr(nvml, "unavailable_reason", None)
-    return alloc
-
-
-@pytest.fixture
-def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    module = FakeNvml()
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    return module
-
-
-@pytest.fixture
-def no_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)
-
-
-@pytest.fixture
-def backends() -> Iterator[list[CudaBackend]]:
-    """Backends a test makes; closed afterwards so no sampler thread outlives its test."""
-    made: list[CudaBackend] = []
-    yield made
-    for backend in made:
-        backend.close()
-
-
-@pytest.fixture
-def make_backend(
-    fake_cuda: FakeAllocator, backends: list[CudaBackend]
-) -> Callable[..., CudaBackend]:
-    def make(index: int | None = None) -> CudaBackend:
-        backend = CudaBackend(index)
-        backends.append(backend)
-        return backend
-
-    return make
-
-
-def sampler_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name == "pytest-vram-nvml"}
-
+# The fakes' fixtures: fake_cuda, fake_nvml, no_pynvml, make_backend, backends.
+pytest_plugins = ["fake_gpu_fixtures"]
 
 # -- without a GPU -------------------------------------------------------------------------
 
@@ -296,6 +85,7 @@ def test_fake_cuda_reset_peak(
 def test_fake_cuda_uses_the_given_device_index(
     make_backend: Callable[..., CudaBackend], fake_cuda: FakeAllocator, no_pynvml: None
 ) -> None:
+    fake_cuda.gpus.append(gpu())
     backend = make_backend(index=1)
     assert backend.device == torch.device("cuda", 1)
     backend.begin_test()
@@ -490,15 +280,17 @@ def test_fake_cuda_nvml_close_stops_the_thread(
 def test_fake_cuda_without_pynvml(
     make_backend: Callable[..., CudaBackend], no_pynvml: None
 ) -> None:
-    assert nvml.open_sampler(0) is None
-    assert nvml.unavailable_reason is not None
-    assert "pynvml" in nvml.unavailable_reason
-    assert "nvidia-ml-py" in nvml.unavailable_reason
+    sampler, reason, mig = open_device_sampler(0)
+    assert sampler is None
+    assert reason is not None
+    assert "pynvml" in reason
+    assert "nvidia-ml-py" in reason
+    assert not mig
 
     before = sampler_threads()
     backend = make_backend()
     assert sampler_threads() == before
-    assert backend.nvml_note == nvml.unavailable_reason
+    assert backend.nvml_note == reason
     assert backend.peak_device() is None
     assert "driver" not in backend.environment()
     backend.begin_test()
@@ -510,9 +302,8 @@ def test_fake_cuda_when_nvml_init_fails(
     make_backend: Callable[..., CudaBackend], fake_nvml: FakeNvml
 ) -> None:
     fake_nvml.init_error = RuntimeError("NVML Shared Library Not Found")
-    assert nvml.open_sampler(0) is None
-    assert nvml.unavailable_reason is not None
-    assert "NVML Shared Library Not Found" in nvml.unavailable_reason
+    with pytest.raises(SourceUnavailable, match="NVML Shared Library Not Found"):
+        nvml.open_source(0)
 
     backend = make_backend()
     assert backend.peak_device() is None
@@ -520,16 +311,14 @@ def test_fake_cuda_when_nvml_init_fails(
     assert "NVML Shared Library Not Found" in backend.nvml_note
 
 
-def test_fake_cuda_nvml_reason_cleared_once_it_loads(
-    fake_cuda: FakeAllocator, fake_nvml: FakeNvml
-) -> None:
+def test_fake_cuda_nvml_opens_once_it_loads(fake_cuda: FakeAllocator, fake_nvml: FakeNvml) -> None:
     fake_nvml.init_error = RuntimeError("Driver Not Loaded")
-    assert nvml.open_sampler(0) is None
+    assert open_device_sampler(0)[0] is None
     fake_nvml.init_error = None
-    sampler = nvml.open_sampler(0)
+    sampler, reason, _ = open_device_sampler(0)
     try:
         assert sampler is not None
-        assert nvml.unavailable_reason is None
+        assert reason is None
         assert sampler.used() == 1 * GiB
         assert sampler.driver_version() == "570.124.06"
     finally:

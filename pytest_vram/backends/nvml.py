@@ -1,111 +1,120 @@
-"""Device-level used memory from NVML, sampled on a background thread.
+"""NVML as a memory source: an NVIDIA GPU's (or MIG slice's) used memory.
 
-NVML sees what the PyTorch allocator does not: the CUDA context, library workspaces and other
-processes' or libraries' allocations. It is optional: without the driver library or the
-``pynvml`` module, :func:`open_sampler` returns None and says why in ``unavailable_reason``.
+Optional: without the driver library or the ``pynvml`` module, :func:`open_source` raises
+:class:`~pytest_vram.backends.sampler.SourceUnavailable` saying why.
 """
 
 from __future__ import annotations
 
-import threading
+import os
 from typing import Any
 
-__all__ = ["NvmlSampler", "open_sampler", "unavailable_reason"]
+from pytest_vram.backends.sampler import SourceUnavailable
 
-unavailable_reason: str | None = None
+__all__ = ["NvmlSource", "open_source", "visible_mig_uuid"]
 
 
-class NvmlSampler:
-    """Polls one GPU's used memory and keeps the peak since the last reset."""
+class NvmlSource:
+    """Reads one device handle: a whole GPU, or a MIG slice's own handle."""
 
-    def __init__(self, nvml: Any, handle: Any, interval: float = 0.002) -> None:
+    name = "nvml"
+
+    def __init__(
+        self, nvml: Any, handle: Any, *, mig: bool = False, device_name: str | None = None
+    ) -> None:
         self._nvml = nvml
         self._handle = handle
-        self._interval = interval
-        self._lock = threading.Lock()
-        self._peak = 0
-        self._running = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pytest-vram-nvml", daemon=True)
-        self._thread.start()
+        self.mig = mig
+        self.device_name = device_name
 
     def used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
 
-    def driver_version(self) -> str:
-        version = self._nvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-
-    def start(self) -> None:
-        """Sample until :meth:`pause`; the peak starts from the current reading."""
-        self.reset()
-        self._running.set()
-
-    def pause(self) -> None:
-        self._sample()
-        self._running.clear()
-
-    def reset(self) -> None:
-        with self._lock:
-            self._peak = 0
-        self._sample()
-
-    def peak(self) -> int:
-        self._sample()
-        with self._lock:
-            return self._peak
+    def driver_version(self) -> str | None:
+        return _text(self._nvml.nvmlSystemGetDriverVersion())
 
     def close(self) -> None:
-        self._stop.set()
-        self._running.set()
-        self._thread.join(timeout=1)
-
-    def _sample(self) -> None:
-        try:
-            used = self.used()
-        except Exception:  # a GPU that fell off the bus must not take the test run with it
-            return
-        with self._lock:
-            self._peak = max(self._peak, used)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._running.wait()
-            if self._stop.is_set():
-                return
-            self._sample()
-            self._stop.wait(self._interval)
+        """NVML stays initialised: other code in the process may be using it."""
 
 
-def open_sampler(device_index: int) -> NvmlSampler | None:
-    """A sampler for the CUDA device ``device_index``, or None (see ``unavailable_reason``)."""
-    global unavailable_reason
+def open_source(device_index: int) -> NvmlSource:
+    """The source for the CUDA device ``device_index``; raise SourceUnavailable otherwise."""
     try:
         import pynvml
     except ImportError:
-        unavailable_reason = "the pynvml module (package nvidia-ml-py) is not installed"
-        return None
+        raise SourceUnavailable(
+            "the pynvml module (package nvidia-ml-py) is not installed"
+        ) from None
     try:
         pynvml.nvmlInit()
         handle = _handle_for(pynvml, device_index)
     except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        unavailable_reason = f"NVML could not be initialised: {exc}"
-        return None
-    unavailable_reason = None
-    return NvmlSampler(pynvml, handle)
+        raise SourceUnavailable(f"NVML could not be initialised: {exc}") from None
+    if _is_mig_device(pynvml, handle):
+        return NvmlSource(pynvml, handle, mig=True, device_name=_device_name(pynvml, handle))
+    if _mig_enabled(pynvml, handle):
+        # The parent GPU's figures are all its slices' together: not this test's device.
+        raise SourceUnavailable(
+            f"CUDA device {device_index} is a MIG slice and NVML cannot tell which: set "
+            "CUDA_VISIBLE_DEVICES to the slice's MIG- UUID (nvidia-smi -L lists them)",
+            mig=True,
+        )
+    return NvmlSource(pynvml, handle)
+
+
+def visible_mig_uuid(device_index: int) -> str | None:
+    """The ``MIG-`` UUID that CUDA_VISIBLE_DEVICES gives the CUDA device ``device_index``."""
+    entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if device_index < len(entries) and entries[device_index].startswith("MIG-"):
+        return entries[device_index]
+    return None
 
 
 def _handle_for(pynvml: Any, device_index: int) -> Any:
-    # CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML; the UUID is the same.
+    # CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML; a UUID is the same
+    # for both. CUDA reports a MIG slice's UUID without saying it is one, so try both forms.
+    candidates = []
+    visible = visible_mig_uuid(device_index)
+    if visible is not None and not visible.startswith("MIG-GPU-"):  # not the pre-R470 form
+        candidates.append(visible)
     import torch
 
     uuid = getattr(torch.cuda.get_device_properties(device_index), "uuid", None)
     if uuid is not None:
         text = str(uuid)
+        if text.startswith(("GPU-", "MIG-")):
+            candidates.append(text)
+        else:
+            candidates += [f"GPU-{text}", f"MIG-{text}"]
+    for candidate in candidates:
         try:
-            return pynvml.nvmlDeviceGetHandleByUUID(
-                text if text.startswith("GPU-") else f"GPU-{text}"
-            )
+            return pynvml.nvmlDeviceGetHandleByUUID(candidate)
         except Exception:
-            pass
+            continue
     return pynvml.nvmlDeviceGetHandleByIndex(device_index)
+
+
+def _is_mig_device(pynvml: Any, handle: Any) -> bool:
+    try:
+        return bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
+    except Exception:  # an old binding or driver: no MIG
+        return False
+
+
+def _mig_enabled(pynvml: Any, handle: Any) -> bool:
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except Exception:  # NVML_ERROR_NOT_SUPPORTED on GPUs without MIG
+        return False
+    return current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
+
+
+def _device_name(pynvml: Any, handle: Any) -> str | None:
+    try:
+        return _text(pynvml.nvmlDeviceGetName(handle))
+    except Exception:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

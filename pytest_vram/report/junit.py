@@ -21,6 +21,7 @@ SUITE_ENVIRONMENT_KEYS = (
     "cpu_counter",
     "torch",
     "cuda",
+    "hip",
     "driver",
     "total_memory",
 )

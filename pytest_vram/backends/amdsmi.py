@@ -1,0 +1,104 @@
+"""amdsmi as a memory source: an AMD GPU's used VRAM under ROCm.
+
+ROCm's ``amdsmi`` Python package ships with ROCm (not on PyPI for every release), so it is
+optional: without it, or without the library it wraps, :func:`open_source` raises
+:class:`~pytest_vram.backends.sampler.SourceUnavailable` saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_vram.backends.sampler import SourceUnavailable
+
+__all__ = ["AmdSmiSource", "open_source"]
+
+MiB = 1024 * 1024
+
+
+class AmdSmiSource:
+    """Reads one AMD GPU's used VRAM through an amdsmi processor handle."""
+
+    name = "amdsmi"
+    mig = False
+    device_name: str | None = None
+
+    def __init__(self, amdsmi: Any, handle: Any) -> None:
+        self._amdsmi = amdsmi
+        self._handle = handle
+        vram = getattr(getattr(amdsmi, "AmdSmiMemoryType", None), "VRAM", None)
+        # amdsmi_get_gpu_memory_usage answers in bytes; amdsmi_get_gpu_vram_usage in whole
+        # MB, so it is only the fallback of older releases.
+        if vram is not None and hasattr(amdsmi, "amdsmi_get_gpu_memory_usage"):
+            self._vram_type = vram
+        else:
+            self._vram_type = None
+
+    def used(self) -> int:
+        if self._vram_type is not None:
+            return int(self._amdsmi.amdsmi_get_gpu_memory_usage(self._handle, self._vram_type))
+        return int(self._amdsmi.amdsmi_get_gpu_vram_usage(self._handle)["vram_used"]) * MiB
+
+    def driver_version(self) -> str | None:
+        try:
+            info = self._amdsmi.amdsmi_get_gpu_driver_info(self._handle)
+        except Exception:
+            return None
+        version = info.get("driver_version") if isinstance(info, dict) else None
+        return str(version) if version else None
+
+    def close(self) -> None:
+        """amdsmi stays initialised: other code in the process may be using it."""
+
+
+def open_source(device_index: int) -> AmdSmiSource:
+    """The source for the ROCm device ``device_index``; raise SourceUnavailable otherwise."""
+    try:
+        import amdsmi
+    except ImportError:
+        raise SourceUnavailable(
+            "the amdsmi module (ROCm's amd-smi Python package) is not installed"
+        ) from None
+    try:
+        flags = getattr(getattr(amdsmi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
+        if flags is None:
+            amdsmi.amdsmi_init()
+        else:
+            amdsmi.amdsmi_init(flags)
+        handles = list(amdsmi.amdsmi_get_processor_handles())
+    except Exception as exc:  # AmdSmiLibraryException: no driver, no library
+        raise SourceUnavailable(f"amdsmi could not be initialised: {exc}") from None
+    handle = _handle_for(amdsmi, handles, device_index)
+    if handle is None:
+        raise SourceUnavailable(
+            f"amdsmi lists {len(handles)} GPUs and none is ROCm device {device_index}"
+        )
+    return AmdSmiSource(amdsmi, handle)
+
+
+def _handle_for(amdsmi: Any, handles: list[Any], device_index: int) -> Any:
+    # HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES renumber devices for torch but not for
+    # amdsmi; the PCI address is the same for both.
+    bdf = _torch_bdf(device_index)
+    if bdf is not None:
+        for handle in handles:
+            try:
+                theirs = str(amdsmi.amdsmi_get_gpu_device_bdf(handle)).lower()
+            except Exception:
+                continue
+            if theirs.split(".")[0] == bdf:
+                return handle
+    return handles[device_index] if device_index < len(handles) else None
+
+
+def _torch_bdf(device_index: int) -> str | None:
+    """``domain:bus:device`` of a torch device, as amdsmi spells it before the function."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return None
+    domain = getattr(props, "pci_domain_id", 0) or 0
+    device = getattr(props, "pci_device_id", 0) or 0
+    return f"{int(domain):04x}:{int(bus):02x}:{int(device):02x}"
