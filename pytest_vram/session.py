@@ -293,13 +293,21 @@ class VramSession:
             else:
                 writer.prune(self.stale_entries())
         written = writer.save() + write_outputs(
-            lambda: build_document(self.records, self.environments),
+            lambda: build_document(self.records, self.environments, self._run_facts()),
             self.settings,
             os.environ.get("GITHUB_STEP_SUMMARY"),
         )
         self.notes += written.notes()
         fail_on_errors(session, written)
         self.notes += self.snapshots.notes()
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What merging this run's --vram-json into the baselines needs (see shards.py)."""
+        collected = self.selection.collected is not None
+        return {
+            "measured": "all" if self.settings.measure_all else "marked",
+            "stale": self.stale_entries() if collected else None,
+        }
 
     def _counter_changes(self) -> list[str]:
         """Baselines measured with the other cpu counter: their peaks are not this run's kind."""
