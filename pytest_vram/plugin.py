@@ -14,6 +14,7 @@ import pytest
 
 from pytest_vram.backends import BackendUnavailable, create_backend
 from pytest_vram.baselines import BaselineFileError, BaselineStore
+from pytest_vram.distributed import RankPlugin, Ranks
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
 from pytest_vram.selection import MEASUREMENT, Selection
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
+RANKS_NAME = "vram-ranks"
 SETTINGS = pytest.StashKey[Settings]()
 
 
@@ -65,6 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
 
+    ranks = Ranks.from_environ()
+    if ranks is not None:  # under torchrun: rank 0 alone writes the JUnit file
+        config.pluginmanager.register(RankPlugin(ranks), RANKS_NAME)
+
     selection = Selection(config, settings, on_measured=start_session)
     config.pluginmanager.register(selection, SELECTION_NAME)
     # Runs that report or write baselines need the session whatever is measured; so does a
@@ -85,7 +91,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME):
+    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME, RANKS_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             if hasattr(plugin, "close"):

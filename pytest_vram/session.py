@@ -16,6 +16,7 @@ import pytest
 
 from pytest_vram.backends import Backend, BackendUnavailable
 from pytest_vram.baselines import BaselineStore
+from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement
@@ -64,6 +65,9 @@ class VramSession:
         self.settings = settings
         self.store = store
         self.is_worker = hasattr(config, "workerinput")
+        #: Under torchrun: how records reach rank 0, the one rank that reports.
+        self.ranks = RankExchange.from_environ()
+        self.reports = not self.is_worker and (self.ranks is None or self.ranks.reports)
         # The properties go to --junitxml (on xdist workers too: they share the options).
         self.junit_properties = settings.junit_properties and bool(
             config.getoption("xmlpath", None)
@@ -177,10 +181,13 @@ class VramSession:
     ) -> Verdict:
         backend = self.pool.backends[record.backend]
         note = getattr(backend, "nvml_note", None)
+        entry = self.store.entry(record.device, record.nodeid)
+        if self.ranks is not None:  # each rank against its own figures
+            entry = entry_for_rank(entry, self.ranks.ranks.rank)
         return judge(
             record,
             item.stash[MARKS],
-            self.store.entry(record.device, record.nodeid),
+            entry,
             self.settings,
             outcome,
             error=error,
@@ -245,6 +252,8 @@ class VramSession:
         record.messages = verdict.failures + verdict.notes
         record.budgets = verdict.budgets
         record.baseline = verdict.baseline
+        if self.ranks is not None:
+            record = self.ranks.exchange(record, self.store.entry(record.device, record.nodeid))
         if self.junit_properties:
             item.user_properties.extend(junit_properties(record))
         if self.is_worker:
@@ -276,7 +285,10 @@ class VramSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.pool.pause_all()
         self.notes[:0] = [note for note in self.pool.notes if note not in self.notes]
-        if self.is_worker:
+        if self.ranks is not None:
+            self.ranks.close()
+            self.notes += self.ranks.notes
+        if not self.reports:
             return
         self._add_suite_properties()
         if not self.settings.update_baselines:
@@ -339,7 +351,7 @@ class VramSession:
                     xml.add_global_property(f"{prefix}_{key}", str(environment[key]))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker:
+        if not self.reports:
             return
         if self.settings.report:
             terminalreporter.write_sep("=", "vram report")
