@@ -230,3 +230,19 @@ def test_a_malformed_baseline_directory_is_an_input_error(
 
     assert main(["update-baselines", *shards, "--baseline-dir", "merged"]) == 2
     assert "merged/cpu.yaml:2: malformed baseline file" in capsys.readouterr().err
+
+
+def test_an_environment_with_empty_fields_is_not_rewritten(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The sim environment has sim_capacity None, which a baseline file leaves out.
+    pytester.makepyfile(test_sim="def test_one(vram):\n    pass\n")
+    first = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
+    first.stdout.fnmatch_lines(["*baselines: 1 added*"])
+    again = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
+    assert "baselines:" not in again.stdout.str()
+
+    pytester.runpytest("--vram-backend=sim", "--vram-report", "--vram-json=shard.json")
+    capsys.readouterr()
+    assert main(["update-baselines", "shard.json"]) == 0
+    assert capsys.readouterr().out == "baselines: no change in baselines\n"
