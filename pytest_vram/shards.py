@@ -122,11 +122,12 @@ def merge_shards(shards: list[Shard], baseline_dir: Path, prune: bool = False) -
                 )
     if prune:
         told = [shard for shard in shards if shard.stale is not None]
-        if not told:
-            merged.notes.append(
-                "--prune: no shard could tell which tests no longer exist (pytest-xdist runs "
-                "cannot: prune from a run without -n)"
-            )
+        for shard in shards:
+            if shard.stale is None:
+                merged.notes.append(
+                    f"--prune: {shard.path} cannot tell which tests no longer exist (a "
+                    "pytest-xdist run cannot); the other shards prune"
+                )
         writer.prune(sorted({nodeid for shard in told for nodeid in shard.stale or ()}))
     written = writer.save()
     if written.errors:

@@ -246,3 +246,16 @@ def test_an_environment_with_empty_fields_is_not_rewritten(
     capsys.readouterr()
     assert main(["update-baselines", "shard.json"]) == 0
     assert capsys.readouterr().out == "baselines: no change in baselines\n"
+
+
+def test_prune_names_a_shard_that_cannot_tell_what_is_stale(
+    suite: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("xdist")
+    suite.runpytest(CPU, "test_suite.py", "-n", "2", "--vram-report", "--vram-json=x.json")
+    capsys.readouterr()
+
+    assert main(["update-baselines", "x.json", "--prune"]) == 0
+    assert "note: --prune: x.json cannot tell which tests no longer exist" in (
+        capsys.readouterr().out
+    )
