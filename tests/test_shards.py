@@ -236,7 +236,7 @@ def test_an_environment_with_empty_fields_is_not_rewritten(
     pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The sim environment has sim_capacity None, which a baseline file leaves out.
-    pytester.makepyfile(test_sim="def test_one(vram):\n    pass\n")
+    pytester.makepyfile(test_sim_environment="def test_one(vram):\n    pass\n")
     first = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
     first.stdout.fnmatch_lines(["*baselines: 1 added*"])
     again = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
