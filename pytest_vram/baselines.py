@@ -94,11 +94,7 @@ class BaselineFile:
     def dump(self) -> str:
         document = {
             "device": self.device,
-            "environment": {
-                str(k): v if isinstance(v, int) else str(v)
-                for k, v in sorted(self.environment.items())
-                if v is not None
-            },
+            "environment": dict(sorted(stored_environment(self.environment).items())),
             "tests": {
                 nodeid: dict(sorted(self.entries[nodeid].items()))
                 for nodeid in sorted(self.entries)
@@ -136,6 +132,16 @@ class BaselineFile:
         except (OSError, UnicodeDecodeError) as exc:
             raise BaselineFileError(f"{path}: cannot read the baseline file: {exc}") from None
         return _Reader(path, text).read()
+
+
+def stored_environment(environment: dict[str, Any]) -> dict[str, Any]:
+    """An environment as a baseline file stores and reads it back: no empty fields, every
+    value an int or text. Compared in this form, a rewrite of the same run changes nothing."""
+    return {
+        str(k): v if isinstance(v, int) else str(v)
+        for k, v in environment.items()
+        if v is not None
+    }
 
 
 def make_directory(directory: Path) -> None:

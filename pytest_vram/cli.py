@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pytest_vram import estimate, junitfiles
+from pytest_vram import estimate, junitfiles, shards
 from pytest_vram.errors import UsageError
 
 #: Each subcommand's error for input it cannot use; all of them exit 2.
@@ -18,6 +18,7 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
     UsageError,
     estimate.EstimateError,
     junitfiles.JUnitFileError,
+    shards.ShardError,
 )
 
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     estimate.add_cli_parser(subcommands)
     junitfiles.add_cli_parsers(subcommands)
+    shards.add_cli_parser(subcommands)
     return parser
 
 

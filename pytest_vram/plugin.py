@@ -7,6 +7,7 @@ or an option asks for it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
+RANKS_NAME = "vram-ranks"
 SETTINGS = pytest.StashKey[Settings]()
 
 
@@ -69,6 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
             benchmarking.register(config)
 
+    if "WORLD_SIZE" in os.environ:  # launched by torchrun or another launcher
+        from pytest_vram.distributed import RankPlugin, Ranks
+
+        ranks = Ranks.from_environ()
+        if ranks is not None:  # under torchrun: rank 0 alone writes the JUnit file
+            config.pluginmanager.register(RankPlugin(ranks), RANKS_NAME)
+
     selection = Selection(config, settings, on_measured=start_session)
     config.pluginmanager.register(selection, SELECTION_NAME)
     # Runs that report or write baselines need the session whatever is measured; so does a
@@ -103,7 +112,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME):
+    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME, RANKS_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             if hasattr(plugin, "close"):

@@ -56,6 +56,9 @@ class TestRecord:
     #: The memory verdict: a :class:`~pytest_vram.verdict.Status` value.
     status: str = "ok"
     messages: list[str] = field(default_factory=list)
+    #: Under torchrun, on rank 0: each rank's figures (see :mod:`pytest_vram.distributed`);
+    #: the figures above are then the maximum over ranks.
+    ranks: list[dict[str, Any]] | None = None
 
     @property
     def peak_increment(self) -> int:
@@ -68,6 +71,10 @@ class TestRecord:
 
     def figures(self) -> dict[str, int]:
         """The figures a baseline entry stores, by name."""
+        if self.ranks:
+            from pytest_vram.distributed import rank_figures
+
+            return rank_figures(self.ranks)
         figures = {"peak_allocated": self.peak_allocated}
         if self.peak_reserved is not None:
             figures["peak_reserved"] = self.peak_reserved
@@ -87,6 +94,8 @@ class TestRecord:
         data["budgets"] = [vars(budget).copy() for budget in self.budgets]
         data["peak_increment"] = self.peak_increment
         data["leftover"] = self.leftover
+        if self.ranks is None:  # a single process's record reads as before
+            del data["ranks"]
         return data
 
     @classmethod

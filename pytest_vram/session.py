@@ -16,6 +16,7 @@ import pytest
 
 from pytest_vram.backends import Backend, BackendUnavailable
 from pytest_vram.baselines import BaselineStore
+from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement
@@ -59,6 +60,9 @@ class VramSession:
         self.settings = settings
         self.store = store
         self.is_worker = hasattr(config, "workerinput")
+        #: Under torchrun: how records reach rank 0, the one rank that reports.
+        self.ranks = RankExchange.from_environ()
+        self.reports = not self.is_worker and (self.ranks is None or self.ranks.reports)
         # The properties go to --junitxml (on xdist workers too: they share the options).
         self.junit_properties = settings.junit_properties and bool(
             config.getoption("xmlpath", None)
@@ -172,10 +176,13 @@ class VramSession:
     ) -> Verdict:
         backend = self.pool.backends[record.backend]
         note = getattr(backend, "nvml_note", None)
+        entry = self.store.entry(record.device, record.nodeid)
+        if self.ranks is not None:  # each rank against its own figures
+            entry = entry_for_rank(entry, self.ranks.ranks.rank)
         return judge(
             record,
             item.stash[MARKS],
-            self.store.entry(record.device, record.nodeid),
+            entry,
             self.settings,
             outcome,
             error=error,
@@ -243,6 +250,8 @@ class VramSession:
         record.messages = verdict.failures + verdict.notes
         record.budgets = verdict.budgets
         record.baseline = verdict.baseline
+        if self.ranks is not None:
+            record = self.ranks.exchange(record, self.store.entry(record.device, record.nodeid))
         if self.junit_properties:
             item.user_properties.extend(junit_properties(record))
         if self.is_worker:
@@ -274,7 +283,10 @@ class VramSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.pool.pause_all()
         self.notes[:0] = [note for note in self.pool.notes if note not in self.notes]
-        if self.is_worker:
+        if self.ranks is not None:
+            self.ranks.close()
+            self.notes += self.ranks.notes
+        if not self.reports:
             return
         self._add_suite_properties()
         if not self.settings.update_baselines:
@@ -291,13 +303,21 @@ class VramSession:
             else:
                 writer.prune(self.stale_entries())
         written = writer.save() + write_outputs(
-            lambda: build_document(self.records, self.environments),
+            lambda: build_document(self.records, self.environments, self._run_facts()),
             self.settings,
             os.environ.get("GITHUB_STEP_SUMMARY"),
         )
         self.notes += written.notes()
         fail_on_errors(session, written)
         self.notes += self.snapshots.notes()
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What merging this run's --vram-json into the baselines needs (see shards.py)."""
+        collected = self.selection.collected is not None
+        return {
+            "measured": "all" if self.settings.measure_all else "marked",
+            "stale": self.stale_entries() if collected else None,
+        }
 
     def _counter_changes(self) -> list[str]:
         """Baselines measured with the other cpu counter: their peaks are not this run's kind."""
@@ -326,7 +346,7 @@ class VramSession:
             xml.add_global_property(name, value)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker:
+        if not self.reports:
             return
         if self.settings.report:
             terminalreporter.write_sep("=", "vram report")

@@ -26,6 +26,7 @@ from pytest_vram.baselines import (
     ensure_gitignore,
     locked,
     make_directory,
+    stored_environment,
     temporary_files_of,
 )
 from pytest_vram.records import TestRecord
@@ -88,9 +89,9 @@ class BaselineWriter:
             figures = record.figures()
             if baseline.entries.get(record.nodeid) != figures:
                 changes.figures[record.nodeid] = figures
-            environment = self.environments.get(record.backend)
+            environment = stored_environment(self.environments.get(record.backend) or {})
             if environment and baseline.environment != environment:
-                changes.environment = dict(environment)
+                changes.environment = environment
 
     def prune(self, nodeids: list[str]) -> None:
         for baseline in list(self.store.files.values()):

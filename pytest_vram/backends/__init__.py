@@ -29,8 +29,10 @@ CPU_COUNTERS = ("auto", "allocator", "dispatch")
 
 def _cuda(**options: Any) -> Backend:
     from pytest_vram.backends.cuda import CudaBackend
+    from pytest_vram.distributed import local_device_index
 
-    return CudaBackend()
+    # Under torchrun each rank measures its own device, LOCAL_RANK.
+    return CudaBackend(local_device_index())
 
 
 def _cpu(**options: Any) -> Backend:

@@ -55,16 +55,25 @@ def totals(records: list[TestRecord]) -> dict[str, int]:
 
 
 def build_document(
-    records: list[TestRecord], environments: dict[str, dict[str, Any]]
+    records: list[TestRecord],
+    environments: dict[str, dict[str, Any]],
+    run: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document: the one source every report renders from."""
-    return {
+    """The JSON document: the one source every report renders from.
+
+    ``run`` says what a baseline update from the document needs to know about the run
+    (``pytest-vram update-baselines``): ``measured`` (``all`` or ``marked``) and ``stale``.
+    """
+    document = {
         "pytest_vram": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environments": environments,
         "totals": totals(records),
         "tests": [record_row(record) for record in sort_worst_first(records)],
     }
+    if run is not None:
+        document["run"] = dict(run)
+    return document
 
 
 def document_tests(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:

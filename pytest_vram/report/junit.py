@@ -55,6 +55,12 @@ def row_properties(test: Mapping[str, Any]) -> list[tuple[str, object]]:
     leak = (test.get("scenarios") or {}).get("leak_check")
     if leak:
         props.append(("vram_leak_growth", leak["growth"]))
+    # Under torchrun: each rank's figures, the figures above being their maximum.
+    for entry in test.get("ranks") or ():
+        for key in ("peak_allocated", "peak_reserved", "peak_device"):
+            if key in entry["figures"]:
+                props.append((f"vram_{key}_rank{entry['rank']}", entry["figures"][key]))
+        props.append((f"vram_status_rank{entry['rank']}", entry["status"]))
     return props
 
 

@@ -77,6 +77,9 @@ def render_markdown(
         used += size
     shown = len(body)
     text = head + "".join(body)
+    ranks = _ranks_table(rows[:shown])
+    if len(text.encode()) + len(ranks.encode()) <= budget + len(head.encode()):
+        text += ranks
 
     left_out = len(tests) - shown
     if left_out:
@@ -145,6 +148,28 @@ def _row(test: Mapping[str, Any]) -> str:
         shown_status,
     ]
     return "| " + " | ".join(cells) + " |\n"
+
+
+def _ranks_table(tests: Iterable[Mapping[str, Any]]) -> str:
+    """Under torchrun: each rank's peak of the tests shown, the table's peak being the max."""
+    tests = [test for test in tests if test.get("ranks")]
+    if not tests:
+        return ""
+    count = max(len(test["ranks"]) for test in tests)
+    text = (
+        "\nPeak allocated per rank:\n\n| Test | "
+        + " | ".join(f"Rank {rank}" for rank in range(count))
+        + " | Max |\n|---|"
+        + "---:|" * (count + 1)
+        + "\n"
+    )
+    for test in tests:
+        peaks = {entry["rank"]: entry["figures"].get("peak_allocated") for entry in test["ranks"]}
+        cells = [_code(str(test.get("nodeid") or ""))]
+        cells += [size_text(peaks.get(rank), _MISSING) for rank in range(count)]
+        cells.append(size_text(_peak(test)))
+        text += "| " + " | ".join(cells) + " |\n"
+    return text
 
 
 def _peak(test: Mapping[str, Any]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_vram.distributed import rank_lines
 from pytest_vram.records import TestRecord
 from pytest_vram.report.document import baseline_peak, build_document, document_tests, status_counts
 from pytest_vram.report.text import change_text, counts_text, plural, size_text, table
@@ -37,6 +38,7 @@ def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None)
         for test in document_tests(document)
     ]
     lines = table(_HEADER, rows, right=_NUMBERS)
+    lines += rank_lines(document_tests(document))
     measured, counts = status_counts(document)
     lines.append(plural(measured, "measured test") + (": " + counts_text(counts) if counts else ""))
     if stale:
