@@ -35,7 +35,6 @@ def _library_dirs() -> tuple[str, ...]:
 _MARKERS = (
     os.sep + "_pytest" + os.sep,
     os.sep + "pluggy" + os.sep,
-    os.sep + "torch" + os.sep,
     os.sep + "site-packages" + os.sep,
     os.sep + "dist-packages" + os.sep,
 )
