@@ -106,8 +106,15 @@ def add_options(parser: pytest.Parser) -> None:
         "--vram-snapshot-on-fail",
         metavar="DIR",
         default=None,
-        help="on cuda, record the allocator's history and dump a snapshot pickle for each "
-        "failing measured test into DIR (view it at https://pytorch.org/memory_viz)",
+        help="record allocations and dump a snapshot pickle in PyTorch's memory snapshot format "
+        "for each failing measured test into DIR, on every backend (view it with python -m "
+        "torch.cuda._memory_viz trace_plot, or at https://pytorch.org/memory_viz)",
+    )
+    group.addoption(
+        "--vram-breakdown",
+        action="store_true",
+        help="break each measured test's peak down by category (parameters, gradients, optimizer, "
+        "activations, temporaries, other) and module; stored in baselines when updating them",
     )
     parser.addini("vram_backend", "default backend: auto, cuda, cpu or sim", default="auto")
     parser.addini(
@@ -141,6 +148,8 @@ class Settings:
     snapshot_dir: Path | None
     #: The seed of each measured test's generators; None leaves them alone.
     seed: int | None = DEFAULT_SEED
+    #: Break every measured test's peak down by category and module.
+    breakdown: bool = False
 
     @property
     def measure_all(self) -> bool:
@@ -211,6 +220,7 @@ class Settings:
             ),
             snapshot_dir=_path(option("--vram-snapshot-on-fail")),
             seed=seed,
+            breakdown=bool(option("--vram-breakdown")),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_vram.attribution.breakdown import category_figures
 from pytest_vram.status import Status, rank_of
 
 __all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
@@ -59,6 +60,9 @@ class TestRecord:
     #: Under torchrun, on rank 0: each rank's figures (see :mod:`pytest_vram.distributed`);
     #: the figures above are then the maximum over ranks.
     ranks: list[dict[str, Any]] | None = None
+    #: What was live at the peak, when it was broken down: ``total``, ``categories`` (bytes by
+    #: parameters, gradients, optimizer, activations, temporaries, other) and ``modules``.
+    breakdown: dict[str, Any] | None = None
 
     @property
     def peak_increment(self) -> int:
@@ -86,6 +90,8 @@ class TestRecord:
             figures["single_step_peak"] = self.scenarios["single_step"]["peak"]
         if "leak_check" in self.scenarios:
             figures["leak_growth"] = self.scenarios["leak_check"]["growth"]
+        if self.breakdown:
+            figures.update(category_figures(self.breakdown))
         return figures
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_vram.attribution.leaks import LeakSiteRecorder, describe_sites, record_leak_sites
 from pytest_vram.units import Tolerance, format_delta, format_size, parse_tolerance
 
 __all__ = [
@@ -83,6 +84,9 @@ class LeakCheckResult:
     leaked: bool
     #: Allocated bytes after each confirmation step, run only when a leak was suspected.
     confirmation: list[int] = field(default_factory=list)
+    #: Where the storages still alive after the confirmation steps were allocated, largest
+    #: first (:class:`~pytest_vram.attribution.leaks.LeakSite`); recorded during them only.
+    sites: list[Any] = field(default_factory=list)
 
     @property
     def growth(self) -> int:
@@ -103,6 +107,7 @@ class LeakCheckResult:
             "warmup": self.warmup,
             "tolerance": str(self.tolerance),
             "leaked": self.leaked,
+            **({"sites": [site.to_dict() for site in self.sites]} if self.sites else {}),
         }
 
     def describe(self) -> str:
@@ -230,12 +235,18 @@ def leak_check(
     confirmed = None
     confirmation: list[int] = []
     leaked = False
+    sites: list[Any] = []
     if sustained * steps > allowed:
         gc.collect()
         collected = probe.allocated()
         confirmed = collected - baseline
         if collected - min(series) > allowed:
-            leaked, sustained = _confirm(probe, fn, series, collected, steps, allowed, confirmation)
+            recorder = record_leak_sites(probe)
+            leaked, sustained = _confirm(
+                probe, fn, series, collected, steps, allowed, confirmation, recorder
+            )
+            if leaked and recorder is not None:
+                sites = recorder.sites
     result = LeakCheckResult(
         per_step=per_step,
         baseline=baseline,
@@ -246,9 +257,12 @@ def leak_check(
         confirmed=confirmed,
         leaked=leaked,
         confirmation=confirmation,
+        sites=sites,
     )
     if leaked:
-        raise LeakError(f"leak check failed: {result.describe()}", result)
+        lines = [f"leak check failed: {result.describe()}"]
+        lines += describe_sites(sites, len(confirmation))
+        raise LeakError("\n".join(lines), result)
     return result
 
 
@@ -260,9 +274,28 @@ def _confirm(
     steps: int,
     allowed: int,
     confirmation: list[int],
+    recorder: LeakSiteRecorder | None = None,
 ) -> tuple[bool, float]:
     """Run confirmation steps into ``confirmation`` until the floor has either risen block
-    after block (a leak) or shown itself bounded; return the verdict and the floor's rate."""
+    after block (a leak) or shown itself bounded; return the verdict and the floor's rate.
+
+    ``recorder`` (optional) records where what the steps allocate and keep was allocated."""
+    if recorder is None:
+        return _confirm_steps(probe, fn, series, collected, steps, allowed, confirmation, None)
+    with recorder:
+        return _confirm_steps(probe, fn, series, collected, steps, allowed, confirmation, recorder)
+
+
+def _confirm_steps(
+    probe: Probe,
+    fn: Callable[[], Any],
+    series: list[int],
+    collected: int,
+    steps: int,
+    allowed: int,
+    confirmation: list[int],
+    recorder: LeakSiteRecorder | None,
+) -> tuple[bool, float]:
     first_half = series[: len(series) // 2 + 1]
     # The floor the measured steps kept coming back to early on; a leak leaves it behind.
     floors, _ = block_floors(first_half, max(1, CONFIRMATION_BLOCKS // 2))
@@ -274,6 +307,8 @@ def _confirm(
     rate = 0.0
     for _ in range(CONFIRMATION_ROUNDS):
         while len(confirmation) < length:
+            if recorder is not None:
+                recorder.next_step()
             fn()
             confirmation.append(probe.allocated())
         rate = floor_rate(confirmation, CONFIRMATION_BLOCKS)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends import Backend, BackendUnavailable
 from pytest_vram.baselines import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
@@ -73,6 +74,7 @@ class VramSession:
         self.environments: dict[str, dict[str, Any]] = self.pool.environments
         self.notes: list[str] = []
         self.snapshots = SnapshotRecorder(settings.snapshot_dir)
+        self.attribution = Attribution(getattr(settings, "breakdown", False))
         #: The raw allocation each backend had when its last measured test ended.
         self._last_end: dict[str, int] = {}
         #: The measurement of the test being set up or run, None between tests.
@@ -142,6 +144,7 @@ class VramSession:
         measurement.record.device = self.pool.device_classes[backend.name]
         self.snapshots.start(backend)
         measurement.begin()
+        self.attribution.begin(backend, self.store.entry(measurement.record.device, item.nodeid))
         item.stash[MEASUREMENT] = self._current = measurement
 
     def _clean(self, backend: Backend) -> None:
@@ -161,13 +164,16 @@ class VramSession:
             result = yield
         except BaseException as exc:
             measurement.finish_call()
+            self.attribution.finish_call(measurement.record)
             item.stash[RAISED] = exc
             self._on_error(item, measurement, exc)
             raise
         measurement.finish_call()
+        self.attribution.finish_call(measurement.record)
         verdict = item.stash[VERDICT] = self._judge(item, measurement.record, Outcome.PASSED)
         if verdict.status.fails:
             __tracebackhide__ = True
+            self._dump_snapshot(item, self.pool.backends[measurement.record.backend])
             pytest.fail("\n".join(verdict.failures), pytrace=False)
         return result
 
@@ -207,12 +213,15 @@ class VramSession:
             outcome = Outcome.FAILED
         error = str(exc).strip().splitlines()[0] if str(exc).strip() else None
         item.stash[VERDICT] = self._judge(item, measurement.record, outcome, error)
-        path = self.snapshots.dump(backend, item.nodeid)
-        if path is not None:
-            item.add_report_section("call", "vram snapshot", f"allocator snapshot: {path}")
+        self._dump_snapshot(item, backend)
         explanation = backend.explain_error(exc)
         if explanation is not None:
             raise pytest.fail.Exception(explanation, pytrace=False) from exc
+
+    def _dump_snapshot(self, item: pytest.Item, backend: Backend) -> None:
+        path = self.snapshots.dump(backend, item.nodeid)
+        if path is not None:
+            item.add_report_section("call", "vram snapshot", f"allocator snapshot: {path}")
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item):  # type: ignore[no-untyped-def]
@@ -225,6 +234,8 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         self._current = None
+        self.attribution.end()
+        self.snapshots.stop()
         # The call never ran under --setup-only and --setup-plan.
         verdict = item.stash.get(VERDICT, None) or Verdict(Status.SKIPPED)
         raised = item.stash.get(RAISED, None)

@@ -12,6 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pytest_vram.attribution.breakdown import (
+    describe_breakdown,
+    describe_growth,
+    entry_categories,
+)
 from pytest_vram.baselines import compare_with_entry
 from pytest_vram.records import BudgetResult, TestRecord
 from pytest_vram.status import Status
@@ -82,7 +87,26 @@ def judge(
     if outcome is Outcome.PASSED and not settings.update_baselines:
         _compare(record, marks, entry, settings, found, verdict)
     verdict.status = min(found, key=lambda status: status.rank, default=Status.OK)
+    if verdict.status in (Status.OVER_BUDGET, Status.REGRESSION) and record.breakdown:
+        verdict.failures.insert(_last_figure_line(verdict.failures), _where(record, entry))
     return verdict
+
+
+def _last_figure_line(failures: list[str]) -> int:
+    """Where the breakdown goes: after the figures, before the hint to update the baseline."""
+    if failures and failures[-1].startswith("if this is intended"):
+        return len(failures) - 1
+    return len(failures)
+
+
+def _where(record: TestRecord, entry: Mapping[str, int] | None) -> str:
+    """What the peak was made of, against the baseline's categories where it has them."""
+    assert record.breakdown is not None
+    current = record.breakdown.get("categories") or {}
+    stored = entry_categories(entry)
+    if stored is not None:
+        return f"at the peak, against the baseline: {describe_growth(current, stored)}"
+    return f"at the peak: {describe_breakdown(record.breakdown)}"
 
 
 def _check_budgets(

@@ -69,19 +69,6 @@ def test_github_step_summary_is_appended(
     assert summary.read_text() == "untouched\n"
 
 
-def test_snapshot_on_fail_says_it_needs_cuda(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("def test_fails(vram):\n    assert False\n")
-    result = pytester.runpytest(CPU, "--vram-snapshot-on-fail=snaps")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "pytest-vram: --vram-snapshot-on-fail: allocator snapshots exist only on the cuda "
-            "backend; none were recorded for tests measured on cpu"
-        ]
-    )
-    assert not (pytester.path / "snaps").exists()
-
-
 @pytest.mark.slow
 def test_junit_properties_under_xdist(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_mem=TESTS)

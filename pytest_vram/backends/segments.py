@@ -22,6 +22,7 @@ One stream, no ``expandable_segments``, no ``max_split_size_mb``, no CUDA graph 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable
 
 import torch
 
@@ -137,6 +138,10 @@ class CachingAllocatorModel:
         self.num_alloc_retries = 0
         self.num_device_alloc = 0
         self.num_device_free = 0
+        #: Told ``("segment_alloc" | "segment_free", address, size)`` when set (snapshots).
+        self.segment_listener: Callable[[str, int, int], None] | None = None
+        #: The live segments' sizes by address, for a snapshot of the allocator's state.
+        self.segment_sizes: dict[int, int] = {}
 
     def malloc(self, nbytes: int) -> Block | None:
         if nbytes <= 0:
@@ -198,6 +203,9 @@ class CachingAllocatorModel:
                 released += block.size
                 self.segments -= 1
                 self.num_device_free += 1
+                self.segment_sizes.pop(block.addr, None)
+                if self.segment_listener is not None:
+                    self.segment_listener("segment_free", block.addr, block.size)
         self.reserved -= released
         return released
 
@@ -235,6 +243,9 @@ class CachingAllocatorModel:
             self.peak_reserved = self.reserved
         self.segments += 1
         self.num_device_alloc += 1
+        self.segment_sizes[block.addr] = segment
+        if self.segment_listener is not None:
+            self.segment_listener("segment_alloc", block.addr, segment)
         return block
 
     def oom_message(self, segment: int) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["Allocator", "StorageTracker", "round_like_cuda_allocator"]
+__all__ = ["AllocationListener", "Allocator", "StorageTracker", "round_like_cuda_allocator"]
 
 
 def round_like_cuda_allocator(nbytes: int) -> int:
@@ -45,19 +45,34 @@ class Allocator(Protocol):
     def free(self, handle: Any) -> None: ...
 
 
+class AllocationListener(Protocol):
+    """Told of every allocation, resize and free the tracker counts, in order (attribution).
+
+    ``tag`` is an int the tracker gives each storage allocated while a listener is attached (or
+    adopted later through :meth:`StorageTracker.tag_of`); storages from before have None.
+    """
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None: ...
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None: ...
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None: ...
+
+
 class _Record:
     """Lives in a storage's ``__dict__``; queues the storage's bytes for release when it dies."""
 
-    __slots__ = ("handle", "released", "size")
+    __slots__ = ("handle", "released", "size", "tag")
 
-    def __init__(self, size: int, handle: Any, released: list[tuple[int, Any]]) -> None:
+    def __init__(self, size: int, handle: Any, released: list[tuple[int, Any, Any]]) -> None:
         self.size = size
         self.handle = handle
         self.released = released
+        self.tag: int | None = None
 
     def __del__(self) -> None:
         # list.append is atomic, so this is safe on any thread and in the middle of a count.
-        self.released.append((self.size, self.handle))
+        self.released.append((self.size, self.handle, self.tag))
 
 
 # lift_fresh aliases its input by its schema, but it is how torch.tensor(data) makes a tensor.
@@ -111,7 +126,10 @@ class StorageTracker:
         self.allocator = allocator
         # One attribute name per tracker, so that two trackers can watch the same storage.
         self._key = f"_pytest_vram_record_{id(self):x}"
-        self._released: list[tuple[int, Any]] = []
+        self._released: list[tuple[int, Any, Any]] = []
+        #: Attribution's listeners; empty (and free) unless a test asked for attribution.
+        self.listeners: tuple[AllocationListener, ...] = ()
+        self._next_tag = 0
         # Reentrant: an on_allocate hook may read the counts it is called from.
         self._lock = threading.RLock()
         self._current = 0
@@ -136,6 +154,40 @@ class StorageTracker:
         with self._lock:
             self._apply_releases()
             self.peak = self._current
+
+    def add_listener(self, listener: AllocationListener) -> None:
+        with self._lock:
+            self._apply_releases()  # frees from before belong to no listener
+            self.listeners = (*self.listeners, listener)
+
+    def remove_listener(self, listener: AllocationListener) -> None:
+        with self._lock:
+            self._apply_releases()
+            self.listeners = tuple(x for x in self.listeners if x is not listener)
+
+    def tag_of(self, tensor: torch.Tensor) -> int | None:
+        """The tag of ``tensor``'s storage when the tracker counts it; a storage counted before
+        any listener was attached gets one now, and listeners learn of it as allocated before."""
+        if not self._counts(tensor):
+            return None
+        try:
+            record = getattr(tensor.untyped_storage(), self._key, None)
+        except (NotImplementedError, RuntimeError):
+            return None
+        if record is None:
+            return None
+        if record.tag is None:
+            with self._lock:
+                record.tag = tag = self._new_tag()
+                for listener in self.listeners:
+                    adopt = getattr(listener, "adopted", None)
+                    if adopt is not None:
+                        adopt(tag, record.size, record.handle)
+        return record.tag
+
+    def _new_tag(self) -> int:
+        self._next_tag += 1
+        return self._next_tag
 
     def observe(self, tensor: torch.Tensor, register: bool = True) -> None:
         """Count ``tensor``'s storage if it is new, or its new size if it was resized.
@@ -185,8 +237,13 @@ class StorageTracker:
         if self._on_allocate is not None:
             self._on_allocate(size)
         handle = self.allocator.malloc(size) if self.allocator is not None else None
-        setattr(storage, self._key, _Record(size, handle, self._released))
+        record = _Record(size, handle, self._released)
+        setattr(storage, self._key, record)
         self._add(size)
+        if self.listeners:
+            record.tag = tag = self._new_tag()
+            for listener in self.listeners:
+                listener.allocated(tag, size, handle)
 
     def _resize(self, record: _Record, size: int) -> None:
         if size > record.size and self._on_allocate is not None:
@@ -197,6 +254,8 @@ class StorageTracker:
             self.allocator.free(record.handle)
             record.handle = handle
         self._add(size - record.size)
+        for listener in self.listeners:
+            listener.resized(record.tag, record.size, size, record.handle)
         record.size = size
 
     def _add(self, nbytes: int) -> None:
@@ -207,11 +266,14 @@ class StorageTracker:
     def _apply_releases(self) -> None:
         released = self._released
         allocator = self.allocator
+        listeners = self.listeners
         while released:
-            size, handle = released.pop()
+            size, handle, tag = released.pop()
             self._current -= size
             if allocator is not None:
                 allocator.free(handle)
+            for listener in listeners:
+                listener.freed(tag, size, handle)
 
 
 class _TrackingMode(TorchDispatchMode):

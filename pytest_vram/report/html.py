@@ -97,6 +97,7 @@ def render_html(document: Mapping[str, Any]) -> str:
         _environments(document.get("environments") or {}),
         _peak_section(tests),
         _leak_section(tests),
+        _breakdown_section(tests),
         _table_section(tests),
         "</body>\n</html>\n",
     ]
@@ -333,6 +334,96 @@ def _leak_figure(nodeid: str, leak: Mapping[str, Any], series: Sequence[int]) ->
     return (
         f"<figure><h3>{_e(nodeid)}</h3><figcaption>{badge} {_e(' · '.join(facts))}</figcaption>"
         + _line_chart(series, "#c2410c" if leaked else "#2f6fdb")
+        + _sites_table(leak.get("sites"))
+        + "</figure>"
+    )
+
+
+def _sites_table(sites: Any) -> str:
+    """Where a failed leak check's surviving memory was allocated."""
+    if not isinstance(sites, Sequence) or not sites:
+        return ""
+    rows = []
+    for site in sites[:_SITES_SHOWN]:
+        if not isinstance(site, Mapping):
+            continue
+        rows.append(
+            f'<tr><td class="test">{_e(site.get("location") or "")}</td>'
+            f'<td class="num">{_e(size_text(site.get("bytes"), _MISSING))}</td>'
+            f'<td class="num">{_e(as_int(site.get("count")) or 0)}</td></tr>'
+        )
+    return (
+        '<table class="sites"><thead><tr><th>Allocated at</th><th class="num">Still alive</th>'
+        '<th class="num">Allocations</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>"
+    )
+
+
+# --- peak breakdowns ----------------------------------------------------------------------------
+
+_SITES_SHOWN = 10
+_CATEGORY_COLOURS = {
+    "parameters": "#2f6fdb",
+    "gradients": "#7c3aed",
+    "optimizer": "#0f766e",
+    "activations": "#c2410c",
+    "temporaries": "#ca8a04",
+    "other": "#8c959f",
+}
+
+
+def _breakdown_section(tests: list[Mapping[str, Any]]) -> str:
+    figures = []
+    for test in tests:
+        breakdown = test.get("breakdown")
+        if isinstance(breakdown, Mapping) and isinstance(breakdown.get("categories"), Mapping):
+            figures.append(_breakdown_figure(str(test.get("nodeid") or ""), breakdown))
+    if not figures:
+        return ""
+    return (
+        "<h2>What the peaks were made of</h2>\n"
+        '<p class="note">What was live at each test\'s peak, by category and by module.</p>\n'
+        '<div class="charts">' + "".join(figures) + "</div>\n"
+    )
+
+
+def _breakdown_figure(nodeid: str, breakdown: Mapping[str, Any]) -> str:
+    categories = {str(k): as_int(v) or 0 for k, v in breakdown["categories"].items() if as_int(v)}
+    total = sum(categories.values()) or 1
+    bar, x = [], 0.0
+    for name, size in categories.items():
+        width = 600 * size / total
+        colour = _CATEGORY_COLOURS.get(name, _OTHER_COLOUR)
+        bar.append(
+            f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="22" fill="{colour}">'
+            f"<title>{_e(name)} {_e(format_size(size))}</title></rect>"
+        )
+        x += width
+    legend = " · ".join(
+        f'<span style="color:{_CATEGORY_COLOURS.get(n, _OTHER_COLOUR)}">&#9632;</span> '
+        f"{_e(n)} {_e(format_size(v))}"
+        for n, v in categories.items()
+    )
+    rows = []
+    for module in breakdown.get("modules") or []:
+        if not isinstance(module, Mapping):
+            continue
+        split = module.get("categories") if isinstance(module.get("categories"), Mapping) else {}
+        parts = ", ".join(f"{k} {format_size(as_int(v) or 0)}" for k, v in split.items())
+        rows.append(
+            f'<tr><td class="test">{_e(module.get("name") or "")}</td>'
+            f'<td class="num">{_e(size_text(module.get("bytes"), _MISSING))}</td>'
+            f"<td>{_e(parts)}</td></tr>"
+        )
+    table = (
+        '<table class="modules"><thead><tr><th>Module</th><th class="num">At the peak</th>'
+        "<th>Categories</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+        if rows
+        else ""
+    )
+    return (
+        f"<figure><h3>{_e(nodeid)}</h3><figcaption>{legend}</figcaption>"
+        f'<svg viewBox="0 0 600 22" width="600" height="22" role="img">{"".join(bar)}</svg>'
+        + table
         + "</figure>"
     )
 

@@ -1,0 +1,326 @@
+"""What was live at a test's peak, by category and by module.
+
+The categories are those of ``torch.distributed._tools.mem_tracker.MemTracker``: a storage is
+``parameters`` when it is a module's parameter, ``gradients`` when it is a parameter's
+``.grad``, ``optimizer`` when it is in an optimizer's ``state``, ``activations`` when it was
+allocated during the forward of a module (activation-checkpointing recomputation included), and
+``temporaries`` otherwise; ``other`` is what none of these explain (buffers, memory held from
+before the test that it never touched, and on the cpu allocator counter what kernels allocate
+for themselves).
+
+How: a listener on the storage tracker logs each allocation and free as it happens (an append
+per event) with the module whose forward was running, and global module and optimizer hooks
+note which storages are parameters, gradients and optimizer state. When the test's call ends
+the log is replayed to the moment of the peak, and what was alive then is summed. Modules are
+grouped as a model's top-level children (the items of a top-level ``ModuleList``, ``ModuleDict``
+or ``Sequential`` each on its own), the largest first.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pytest_vram.units import format_delta, format_size
+
+if TYPE_CHECKING:
+    from pytest_vram.backends.tracker import StorageTracker
+
+__all__ = [
+    "CATEGORIES",
+    "FIGURE_PREFIX",
+    "PeakBreakdown",
+    "category_figures",
+    "describe_breakdown",
+    "describe_growth",
+    "entry_categories",
+]
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+#: Baseline entries keep the category totals at the peak as ``peak_<category>``.
+FIGURE_PREFIX = "peak_"
+#: How many modules a breakdown lists.
+MODULES_SHOWN = 8
+
+_FORWARD, _OPTIMIZER, _OUTSIDE = 1, 2, 0
+
+
+def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:
+    """The baseline figures of a breakdown: ``peak_parameters`` and so on."""
+    if not breakdown:
+        return {}
+    categories = breakdown.get("categories") or {}
+    return {f"{FIGURE_PREFIX}{name}": int(categories.get(name, 0)) for name in CATEGORIES}
+
+
+def entry_categories(entry: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The category totals a baseline entry stores, None for an entry without them."""
+    if not entry:
+        return None
+    found = {
+        name: int(entry[f"{FIGURE_PREFIX}{name}"])
+        for name in CATEGORIES
+        if f"{FIGURE_PREFIX}{name}" in entry
+    }
+    return found or None
+
+
+def describe_growth(current: Mapping[str, int], baseline: Mapping[str, int]) -> str:
+    """``activations +9.69 MiB; parameters, gradients, optimizer unchanged``."""
+    changed, unchanged = [], []
+    for name in CATEGORIES:
+        now, then = int(current.get(name, 0)), int(baseline.get(name, 0))
+        if now != then:
+            changed.append((now - then, name))
+        elif now:
+            unchanged.append(name)
+    changed.sort(key=lambda item: -item[0])
+    parts = [f"{name} {format_delta(delta)}" for delta, name in changed]
+    if unchanged:
+        parts.append(f"{', '.join(unchanged)} unchanged")
+    return "; ".join(parts) if parts else "every category unchanged"
+
+
+def describe_breakdown(breakdown: Mapping[str, Any]) -> str:
+    """``activations 40.00 MiB, parameters 12.76 MiB, ...; largest modules: blocks.0 ...``."""
+    categories = breakdown.get("categories") or {}
+    ordered = sorted(((int(v), k) for k, v in categories.items() if v), key=lambda item: -item[0])
+    text = ", ".join(f"{name} {format_size(size)}" for size, name in ordered) or "nothing"
+    modules = breakdown.get("modules") or []
+    if modules:
+        text += "; largest modules: " + ", ".join(
+            f"{m['name']} {format_size(int(m['bytes']))}" for m in modules[:4]
+        )
+    return text
+
+
+class PeakBreakdown:
+    """Logs a test's allocations on ``tracker`` and, from :meth:`result`, breaks its peak down.
+
+    :meth:`start` attaches the listener and the global hooks, :meth:`stop` removes them.
+    """
+
+    def __init__(self, tracker: StorageTracker) -> None:
+        self.tracker = tracker
+        # (bytes added, tag, size after; 0 when freed) for every event, in order.
+        self._events: list[tuple[int, int | None, int]] = []
+        # tag -> (phase, module unit) where it was allocated.
+        self._where: dict[int, tuple[int, str | None]] = {}
+        # Storages alive since before the test that a hook met: tag -> bytes.
+        self._adopted: dict[int, int] = {}
+        self._now: tuple[int, str | None] = (_OUTSIDE, None)
+        self._stack: list[Any] = []
+        self._optimizer_depth = 0
+        self._unit_of_module: dict[int, str] = {}
+        self._unit_of_param: dict[int, str | None] = {}
+        self._roots: list[weakref.ref[Any]] = []
+        self._named: set[int] = set()
+        self._hooked: set[int] = set()
+        self.params: dict[int, str | None] = {}
+        self.grads: dict[int, str | None] = {}
+        self.states: dict[int, str | None] = {}
+        self.buffers: dict[int, str | None] = {}
+        self._handles: list[Any] = []
+
+    # -- the tracker's listener -----------------------------------------------------------
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
+        self._events.append((size, tag, size))
+        self._where[tag] = self._now
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
+        self._events.append((new - old, tag, new))
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None:
+        self._events.append((-size, tag, 0))
+
+    def adopted(self, tag: int, size: int, handle: Any) -> None:
+        self._adopted[tag] = size
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import torch
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self.tracker.add_listener(self)
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre_forward),
+            nn_module.register_module_forward_hook(self._post_forward, always_call=True),
+            optim.register_optimizer_step_pre_hook(self._pre_step),
+            optim.register_optimizer_step_post_hook(self._post_step),
+        ]
+        self._torch = torch
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.tracker.flush()
+        self.tracker.remove_listener(self)
+        self._stack.clear()
+
+    def _set_now(self) -> None:
+        if self._stack:
+            self._now = (_FORWARD, self._unit_of_module.get(id(self._stack[-1])))
+        elif self._optimizer_depth:
+            self._now = (_OPTIMIZER, None)
+        else:
+            self._now = (_OUTSIDE, None)
+
+    def _pre_forward(self, module: Any, args: Any) -> None:
+        if not self._stack and id(module) not in self._named:
+            self._name_root(module)
+        self._stack.append(module)
+        self._set_now()
+
+    def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+        elif module in self._stack:
+            del self._stack[self._stack.index(module) :]
+        self._set_now()
+
+    def _name_root(self, root: Any) -> None:
+        nn = self._torch.nn
+        containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+        label = type(root).__name__
+        # The children of a bare container are named after it: "Sequential.0".
+        prefix = f"{label}." if isinstance(root, containers) else ""
+        self._roots.append(weakref.ref(root))
+        for name, module in root.named_modules(remove_duplicate=False):
+            self._named.add(id(module))
+            parts = name.split(".") if name else []
+            if not parts:
+                unit = label
+            elif len(parts) > 1 and isinstance(root.get_submodule(parts[0]), containers):
+                unit = prefix + ".".join(parts[:2])
+            else:
+                unit = prefix + parts[0]
+            self._unit_of_module.setdefault(id(module), unit)
+        self._note_module_tensors(root)
+
+    def _note_module_tensors(self, root: Any) -> None:
+        tag_of = self.tracker.tag_of
+        for module in root.modules():
+            unit = self._unit_of_module.get(id(module))
+            for param in module._parameters.values():
+                if param is None:
+                    continue
+                self._unit_of_param[id(param)] = unit
+                self._note(self.params, param, unit)
+                if param.grad is not None:
+                    self._note(self.grads, param.grad, unit)
+                if param.requires_grad and id(param) not in self._hooked:
+                    self._hooked.add(id(param))
+                    try:
+                        hook = param.register_post_accumulate_grad_hook(self._grad_ready)
+                    except RuntimeError:  # not a leaf
+                        continue
+                    self._handles.append(hook)
+            for buffer in module._buffers.values():
+                if buffer is not None:
+                    tag = tag_of(buffer)
+                    if tag is not None:
+                        self.buffers.setdefault(tag, unit)
+
+    def _note(self, into: dict[int, str | None], tensor: Any, unit: str | None) -> None:
+        tag = self.tracker.tag_of(tensor)
+        if tag is not None:
+            into[tag] = unit
+
+    def _grad_ready(self, param: Any) -> None:
+        if param.grad is not None:
+            self._note(self.grads, param.grad, self._unit_of_param.get(id(param)))
+
+    def _optimizer_tensors(self, optimizer: Any) -> None:
+        tensor = self._torch.Tensor
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                unit = self._unit_of_param.get(id(param))
+                self._note(self.params, param, unit)
+                if param.grad is not None:
+                    self._note(self.grads, param.grad, unit)
+                for value in optimizer.state.get(param, {}).values():
+                    if isinstance(value, tensor):
+                        self._note(self.states, value, unit)
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._optimizer_tensors(optimizer)
+        self._optimizer_depth += 1
+        self._set_now()
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
+        self._set_now()
+        self._optimizer_tensors(optimizer)
+
+    # -- the result -----------------------------------------------------------------------
+
+    def result(self, peak: int | None = None) -> dict[str, Any]:
+        """The breakdown at the peak of the logged allocations: ``total``, ``categories`` (every
+        category, bytes) and ``modules`` (the largest first, with their categories).
+        ``peak`` (the test's measured peak) makes ``other`` take up what the log cannot
+        attribute."""
+        self.tracker.flush()
+        for ref in self._roots:  # gradients a backward left that no hook saw
+            root = ref()
+            if root is not None:
+                self._note_module_tensors(root)
+        events = self._events
+        running = best = 0
+        best_index = -1
+        for index, (delta, _tag, _size) in enumerate(events):
+            running += delta
+            if running > best:
+                best, best_index = running, index
+        live: dict[int, int] = dict(self._adopted)
+        for _delta, tag, size in events[: best_index + 1]:
+            if tag is None:
+                continue
+            if size:
+                live[tag] = size
+            else:
+                live.pop(tag, None)
+        categories = dict.fromkeys(CATEGORIES, 0)
+        modules: dict[str, dict[str, int]] = {}
+        for tag, size in live.items():
+            category, unit = self._classify(tag)
+            categories[category] += size
+            if unit is not None:
+                per = modules.setdefault(unit, dict.fromkeys(CATEGORIES, 0))
+                per[category] += size
+        attributed = sum(categories.values())
+        total = max(attributed, peak or 0)
+        categories["other"] += total - attributed
+        ranked = sorted(modules.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+        return {
+            "total": total,
+            "categories": categories,
+            "modules": [
+                {
+                    "name": name,
+                    "bytes": sum(per.values()),
+                    "categories": {k: v for k, v in per.items() if v},
+                }
+                for name, per in ranked[:MODULES_SHOWN]
+            ],
+        }
+
+    def _classify(self, tag: int) -> tuple[str, str | None]:
+        for category, known in (
+            ("parameters", self.params),
+            ("gradients", self.grads),
+            ("optimizer", self.states),
+            ("other", self.buffers),
+        ):
+            if tag in known:
+                return category, known[tag]
+        phase, unit = self._where.get(tag, (None, None))
+        if phase == _FORWARD:
+            return "activations", unit
+        if phase is None:
+            return "other", None
+        return "temporaries", None

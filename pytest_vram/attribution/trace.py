@@ -1,0 +1,165 @@
+"""A memory snapshot in PyTorch's format from the sim and cpu backends.
+
+:class:`TraceLog` listens to the storage tracker during a test and keeps what
+``torch.cuda.memory._record_memory_history`` would: every allocation and free with the Python
+stack that made it. :meth:`TraceLog.snapshot` turns it into the dict that
+``torch.cuda.memory._snapshot()`` returns (``segments`` with their ``blocks``, and
+``device_traces``), which ``python -m torch.cuda._memory_viz`` and the memory_viz page read.
+
+On sim the addresses, blocks and segments are the simulated caching allocator's own; on cpu,
+which has no segments, each storage is a segment of its own at an address counted up from 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from pytest_vram.attribution.frames import stack
+
+__all__ = ["TraceLog"]
+
+# As many trace entries as the cuda backend asks the allocator to keep.
+MAX_ENTRIES = 100_000
+_SMALL_SEGMENT = 2 << 20
+
+
+class TraceLog:
+    """The allocations and frees of one test, for a snapshot; ``segments`` is the simulated
+    allocator (sim), or None (cpu)."""
+
+    def __init__(self, segments: Any = None, max_entries: int = MAX_ENTRIES) -> None:
+        self.segments = segments
+        # (action, addr, size, frames, time_us); frames as (code, line) pairs, innermost first.
+        self.entries: deque[tuple[str, int, int, list[Any], int]] = deque(maxlen=max_entries)
+        # tag -> [addr, size, requested, frames] of the storages alive now.
+        self.live: dict[int, list[Any]] = {}
+        self._next_addr = 0
+        self._names: dict[tuple[Any, int], dict[str, Any]] = {}
+
+    # -- listeners ------------------------------------------------------------------------
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
+        frames = stack(sys._getframe(1))
+        now = time.time_ns() // 1000
+        if handle is not None:  # a block of the simulated allocator
+            addr, block = handle.addr, handle.size
+        else:
+            addr, block = self._next_addr, size
+            self._next_addr += max(size, 512)
+            self.entries.append(("segment_alloc", addr, block, frames, now))
+        self.entries.append(("alloc", addr, block, frames, now))
+        self.live[tag] = [addr, block, size, frames]
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
+        if tag is not None and tag in self.live:
+            self.freed(tag, old, None)
+            self.allocated(tag, new, handle)
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None:
+        entry = self.live.pop(tag, None) if tag is not None else None
+        now = time.time_ns() // 1000
+        if entry is None:
+            # A storage from before the test: its block may have merged with its neighbours
+            # since (sim), or it never had an address here (cpu).
+            return
+        addr, block, _requested, frames = entry
+        self.entries.append(("free_requested", addr, block, frames, now))
+        self.entries.append(("free_completed", addr, block, frames, now))
+        if self.segments is None:
+            self.entries.append(("segment_free", addr, block, frames, now))
+
+    def segment_event(self, action: str, addr: int, size: int) -> None:
+        self.entries.append((action, addr, size, [], time.time_ns() // 1000))
+
+    # -- the snapshot ---------------------------------------------------------------------
+
+    def _frames(self, frames: list[Any]) -> list[dict[str, Any]]:
+        names = self._names
+        out = []
+        for key in frames:
+            named = names.get(key)
+            if named is None:
+                code, line = key
+                named = names[key] = {
+                    "filename": code.co_filename,
+                    "line": line,
+                    "name": code.co_name,
+                }
+            out.append(named)
+        return out
+
+    def snapshot(self, device: int = 0) -> dict[str, Any]:
+        """The log as ``torch.cuda.memory._snapshot()`` would return it."""
+        if self.segments is not None:
+            extents = sorted(self.segments.segment_sizes.items())
+        else:
+            extents = sorted((addr, block) for addr, block, _r, _f in self.live.values())
+        blocks_by_addr = sorted(tuple(entry) for entry in self.live.values())
+        segments = []
+        index = 0
+        for start, size in extents:
+            while index < len(blocks_by_addr) and blocks_by_addr[index][0] < start:
+                index += 1
+            blocks = []
+            cursor = start
+            allocated = requested_total = 0
+            while index < len(blocks_by_addr) and blocks_by_addr[index][0] < start + size:
+                addr, block, requested, frames = blocks_by_addr[index]
+                if addr > cursor:
+                    blocks.append(_inactive(cursor, addr - cursor))
+                blocks.append(
+                    {
+                        "address": addr,
+                        "size": block,
+                        "requested_size": requested,
+                        "state": "active_allocated",
+                        "frames": self._frames(frames),
+                    }
+                )
+                allocated += block
+                requested_total += requested
+                cursor = addr + block
+                index += 1
+            if cursor < start + size:
+                blocks.append(_inactive(cursor, start + size - cursor))
+            segments.append(
+                {
+                    "device": device,
+                    "address": start,
+                    "total_size": size,
+                    "allocated_size": allocated,
+                    "active_size": allocated,
+                    "requested_size": requested_total,
+                    "stream": 0,
+                    "segment_type": "small" if size <= _SMALL_SEGMENT else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": [],
+                    "blocks": blocks,
+                }
+            )
+        trace = [
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": when,
+                "frames": self._frames(frames),
+            }
+            for action, addr, size, frames, when in self.entries
+        ]
+        traces: list[list[dict[str, Any]]] = [[] for _ in range(device + 1)]
+        traces[device] = trace
+        return {
+            "segments": segments,
+            "device_traces": traces,
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False},
+        }
+
+
+def _inactive(addr: int, size: int) -> dict[str, Any]:
+    return {"address": addr, "size": size, "requested_size": 0, "state": "inactive", "frames": []}
