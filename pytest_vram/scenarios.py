@@ -6,6 +6,7 @@ on every backend and without pytest.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 from collections.abc import Callable
@@ -280,9 +281,7 @@ def _confirm(
     after block (a leak) or shown itself bounded; return the verdict and the floor's rate.
 
     ``recorder`` (optional) records where what the steps allocate and keep was allocated."""
-    if recorder is None:
-        return _confirm_steps(probe, fn, series, collected, steps, allowed, confirmation, None)
-    with recorder:
+    with recorder if recorder is not None else contextlib.nullcontext():
         return _confirm_steps(probe, fn, series, collected, steps, allowed, confirmation, recorder)
 
 
