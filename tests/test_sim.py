@@ -283,9 +283,11 @@ def _snapshot() -> dict[str, Any]:
         "torch.cuda": torch.cuda,
         "torch.cuda.memory": torch.cuda.memory,
         "torch.accelerator": torch.accelerator,
-        "torch.accelerator.memory": torch.accelerator.memory,
         "optimizer": sys.modules[optimizer],
     }
+    # Older torch releases (2.6 among them) have no torch.accelerator.memory.
+    if hasattr(torch.accelerator, "memory"):
+        modules["torch.accelerator.memory"] = torch.accelerator.memory
     seen = {
         f"{name}.{attr}": value
         for name, module in modules.items()

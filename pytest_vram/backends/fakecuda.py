@@ -504,6 +504,12 @@ class VirtualCuda:
             ):
                 previous = self._default_device
                 torch.set_default_device(None if previous is None else previous.device)
+                if previous is None:
+                    # torch 2.6 and older leave device_context = None behind, on which their
+                    # own get_default_device() fails; without the attribute it answers cpu.
+                    holder = torch._GLOBAL_DEVICE_CONTEXT
+                    if getattr(holder, "device_context", _MISSING) is None:
+                        del holder.device_context
 
     def _patch(self, owner: object, name: str, value: object) -> None:
         # Only what exists in this torch version (and, on a class, in the class itself) is
