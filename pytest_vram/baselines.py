@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import tempfile
@@ -78,6 +79,7 @@ class BaselineFileError(Exception):
     """A baseline file that cannot be read; the message names the file and line."""
 
 
+@functools.lru_cache(maxsize=64)  # asked twice per measured test
 def file_name_for(device_class: str) -> str:
     """``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3.yaml``."""
     slug = re.sub(r"[^a-z0-9]+", "-", device_class.lower()).strip("-")
