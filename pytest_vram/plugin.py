@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
+VALUES_NAME = "vram-values"
+CUDA_GUARD_NAME = "vram-collection-cuda"
 SETTINGS = pytest.StashKey[Settings]()
 
 
@@ -62,9 +64,16 @@ def pytest_configure(config: pytest.Config) -> None:
             return
         session = VramSession(config, settings, store, selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
+        from pytest_vram.values import ValuesOnDemand
+
+        config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
 
+    if settings.sim_cuda_available and settings.backend in ("auto", "sim"):
+        from pytest_vram.cudaguard import CollectionCuda
+
+        config.pluginmanager.register(CollectionCuda(), CUDA_GUARD_NAME)
     selection = Selection(config, settings, on_measured=start_session)
     config.pluginmanager.register(selection, SELECTION_NAME)
     # Runs that report or write baselines need the session whatever is measured; so does a
@@ -85,7 +94,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME):
+    for name in (VALUES_NAME, PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME, CUDA_GUARD_NAME):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             if hasattr(plugin, "close"):
