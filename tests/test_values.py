@@ -357,3 +357,36 @@ def test_figures_after_failures_do_not_depend_on_order(pytester: pytest.Pytester
     assert found["serial"] == found["xdist"]
     assert found["alone"] == {k: v for k, v in found["serial"].items() if k in found["alone"]}
     assert len(found["alone"]) == 3
+
+
+GENERATE = '''
+import pytest, torch
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_greedy_generate_matches_a_manual_loop():
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(4):
+            next_token = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, next_token], dim=1)
+    assert out.tolist() == tokens.tolist()
+'''
+
+
+@pytest.mark.slow
+def test_hugging_face_generate_has_the_same_outcome(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("transformers")
+    pytester.makepyfile(test_generate=GENERATE)
+    plain = outcomes(pytester, "-p", "no:vram")
+    assert plain == {"test_greedy_generate_matches_a_manual_loop": "passed"}
+    assert outcomes(pytester, "--vram-report") == plain
