@@ -390,3 +390,23 @@ def test_hugging_face_generate_has_the_same_outcome(pytester: pytest.Pytester) -
     plain = outcomes(pytester, "-p", "no:vram")
     assert plain == {"test_greedy_generate_matches_a_manual_loop": "passed"}
     assert outcomes(pytester, "--vram-report") == plain
+
+
+def test_a_figure_sim_cannot_measure_is_not_checked_computing_too(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_vram import max_vram
+
+        @max_vram("1KiB", metric="device")
+        def test_reads_values():
+            assert torch.ones(4096, device="cuda").sum().item() == 4096.0
+        """
+    )
+    result = pytester.runpytest("--vram-report", "--vram-json", "figures.json")
+    result.assert_outcomes(passed=1)
+    record = json.loads((pytester.path / "figures.json").read_text())["tests"][0]
+    assert record["peak_allocated"] == 16384 + 512  # the ones and their sum
+    assert any("not checked" in message for message in record["messages"])
