@@ -46,6 +46,22 @@ def add_options(parser: pytest.Parser) -> None:
         "torch.cuda.OutOfMemoryError (default: ini vram_sim_capacity, or unlimited)",
     )
     group.addoption(
+        "--vram-sim-compute",
+        choices=("auto", "never", "always"),
+        default=None,
+        help="when the simulated device computes values on the CPU: auto (a test runs "
+        "shape-only, on fake tensors, and again computing when that fails), never, always. "
+        "Default: ini vram_sim_compute, or auto",
+    )
+    group.addoption(
+        "--vram-sim-cuda-available",
+        action="store_true",
+        default=None,
+        help="on the simulated device, torch.cuda.is_available() answers True at collection "
+        "too, so that tests skipped without a GPU run (and are measured); default: ini "
+        "vram_sim_cuda_available",
+    )
+    group.addoption(
         "--vram-baseline-dir",
         metavar="DIR",
         default=None,
@@ -123,6 +139,15 @@ def add_options(parser: pytest.Parser) -> None:
         default="auto",
     )
     parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
+    parser.addini(
+        "vram_sim_compute", "when the simulated device computes: auto, never, always", default=""
+    )
+    parser.addini(
+        "vram_sim_cuda_available",
+        "torch.cuda.is_available() is True at collection on the simulated device",
+        type="bool",
+        default=False,
+    )
     parser.addini("vram_baseline_dir", "directory of the baseline files", default="baselines")
     parser.addini("vram_tolerance", "default tolerance against baselines", default="")
     parser.addini("vram_seed", "seed of each measured test, or off", default="")
@@ -150,11 +175,16 @@ class Settings:
     seed: int | None = DEFAULT_SEED
     #: Break every measured test's peak down by category and module.
     breakdown: bool = False
+    #: When the simulated device computes values: auto, never or always.
+    sim_compute: str = "auto"
+    #: Whether torch.cuda.is_available() answers True at collection on the simulated device.
+    sim_cuda_available: bool = False
 
     @property
     def measure_all(self) -> bool:
         """Whether every test is measured, marked or not."""
-        return self.report or self.update_baselines
+        # Tests that collection let through for the simulated GPU need it to run.
+        return self.report or self.update_baselines or self.sim_cuda_available
 
     @property
     def wants_session(self) -> bool:
@@ -200,6 +230,12 @@ class Settings:
             )
             baseline_dir = base / baseline_dir
         seed = _seed(option("--vram-seed") or config.getini("vram_seed") or str(DEFAULT_SEED))
+        sim_compute = option("--vram-sim-compute") or config.getini("vram_sim_compute") or "auto"
+        if sim_compute not in ("auto", "never", "always"):
+            raise pytest.UsageError(
+                f"vram_sim_compute = {sim_compute!r}: expected one of auto, never, always"
+            )
+        cuda_available = option("--vram-sim-cuda-available")
         strict = option("--vram-strict")
         junit = option("--vram-junit-properties")
         return cls(
@@ -221,6 +257,12 @@ class Settings:
             snapshot_dir=_path(option("--vram-snapshot-on-fail")),
             seed=seed,
             breakdown=bool(option("--vram-breakdown")),
+            sim_compute=sim_compute,
+            sim_cuda_available=bool(
+                config.getini("vram_sim_cuda_available")
+                if cuda_available is None
+                else cuda_available
+            ),
         )
 
 

@@ -27,6 +27,8 @@ SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
 RANKS_NAME = "vram-ranks"
+VALUES_NAME = "vram-values"
+CUDA_GUARD_NAME = "vram-collection-cuda"
 SETTINGS = pytest.StashKey[Settings]()
 
 
@@ -64,6 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
             return
         session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
+        from pytest_vram.values import ValuesOnDemand
+
+        config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
         if config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark is active
@@ -78,6 +83,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if ranks is not None:  # under torchrun: rank 0 alone writes the JUnit file
             config.pluginmanager.register(RankPlugin(ranks), RANKS_NAME)
 
+    if settings.sim_cuda_available and settings.backend in ("auto", "sim"):
+        from pytest_vram.cudaguard import CollectionCuda
+
+        config.pluginmanager.register(CollectionCuda(), CUDA_GUARD_NAME)
     selection = Selection(config, settings, on_measured=start_session)
     config.pluginmanager.register(selection, SELECTION_NAME)
     # Runs that report or write baselines need the session whatever is measured; so does a
@@ -112,7 +121,14 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for name in (PLUGIN_NAME, WORKER_PLUGIN_NAME, SELECTION_NAME, RANKS_NAME):
+    for name in (
+        VALUES_NAME,
+        PLUGIN_NAME,
+        WORKER_PLUGIN_NAME,
+        SELECTION_NAME,
+        RANKS_NAME,
+        CUDA_GUARD_NAME,
+    ):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
             if hasattr(plugin, "close"):

@@ -36,6 +36,7 @@ from pytest_vram.seeding import seed_generators
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
+from pytest_vram.values import COMPUTE, REASON
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
@@ -130,6 +131,9 @@ class VramSession:
         if problem is not None:
             pytest.fail(problem, pytrace=False)
         self.pool.pause_all(keep=backend)
+        use_values = getattr(backend, "use_values", None)
+        if use_values is not None:  # the simulated device: shape-only, or computing
+            use_values(item.stash.get(COMPUTE, False), item.stash.get(REASON, None))
         if marks.required is not None:
             total = backend.total_memory()
             if total is not None and total < marks.required:
@@ -265,9 +269,9 @@ class VramSession:
             record = self.ranks.exchange(record, self.store.entry(record.device, record.nodeid))
         if self.junit_properties:
             item.user_properties.extend(junit_properties(record))
-        if self.is_worker:
-            item.stash[RECORD] = record  # for WorkerReports, on the teardown report
-        else:
+        # For WorkerReports, on the teardown report, and for a rerun to discard it.
+        item.stash[RECORD] = record
+        if not self.is_worker:
             self._collect(record, self.environments.get(record.backend))
 
     # -- the controller: collect records, write reports -----------------------------------
@@ -279,6 +283,10 @@ class VramSession:
             for note in getattr(report, "vram_notes", ()):
                 if note not in self.notes:
                     self.notes.append(note)
+
+    def discard(self, record: TestRecord) -> None:
+        """Forget a record collected for a run of a test that is run again."""
+        self.records[:] = [kept for kept in self.records if kept is not record]
 
     def _collect(self, record: TestRecord, environment: dict[str, Any] | None) -> None:
         self.records.append(record)

@@ -648,3 +648,155 @@ def test_gpt_training_step_peak_is_the_sum_of_its_parts(sim: SimBackend) -> None
     # fp32 weights, gradients, two moments and foreach's temporary: 20 bytes a parameter.
     assert sim.peak_allocated() >= 20 * params
     assert sim.allocated() >= 12 * params
+
+
+# -- computing: real values, the same figures --------------------------------------------------
+
+
+@contextlib.contextmanager
+def computing(backend: SimBackend | None = None) -> Iterator[SimBackend]:
+    """One test on the simulated device, computing its values on the CPU."""
+    backend = backend or SimBackend()
+    if not backend.computing:
+        backend.use_values(True)
+    with simulated(backend):
+        yield backend
+
+
+def _two_gpt_steps(backend: SimBackend) -> tuple[int, int, int, int]:
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(GPTConfig(num_layers=2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(0, 1024, (2, 129), device="cuda")
+    backend.reset_peak()
+    for _ in range(2):
+        training_step(model, optimizer, tokens[:, :-1], tokens[:, 1:])
+    figures = (
+        backend.allocated(),
+        backend.peak_allocated(),
+        backend.reserved() or 0,
+        backend.peak_reserved() or 0,
+    )
+    del model, optimizer, tokens
+    assert backend.allocated() == 0
+    return figures
+
+
+def test_a_training_step_has_the_same_figures_shape_only_and_computing() -> None:
+    with simulated() as backend:
+        shape_only = _two_gpt_steps(backend)
+    with computing() as backend:
+        computed = _two_gpt_steps(backend)
+    assert computed == shape_only
+    assert shape_only[1] > 30 * MiB
+
+
+def test_computing_gives_real_values_on_the_virtual_device() -> None:
+    with computing() as backend:
+        model = nn.Linear(16, 4).cuda()
+        x = torch.ones(2, 16, device="cuda")
+        loss = model(x).sum()
+        loss.backward()
+        assert not isinstance(loss, FakeTensor)
+        assert loss.item() == pytest.approx(float(model(x).sum()))
+        assert torch.cuda.is_available() and torch.cuda.memory_allocated() == backend.allocated()
+        assert x.cpu().numpy().tolist() == [[1.0] * 16] * 2
+        assert f"{loss:.2f}" == f"{loss.item():.2f}"
+    assert not torch.cuda.is_available()
+
+
+def test_computing_moves_a_host_model_with_its_parameters() -> None:
+    model = nn.Linear(256, 256)  # made before the test: host memory
+    weight = model.weight
+    with computing() as backend:
+        assert backend.allocated() == 0
+        model.cuda()
+        # PyTorch's own Module._apply: the parameter object stays, its data is a counted copy.
+        assert model.weight is weight
+        assert backend.allocated() == 256 * 256 * 4 + 1024
+        assert backend.storage_bytes(model.weight) == 256 * 256 * 4
+        assert backend.storage_bytes(torch.empty(0)) == 0
+
+
+@pytest.mark.parametrize("use_values", [False, True])
+def test_cuda_random_state_is_the_cpu_generators(use_values: bool) -> None:
+    backend = SimBackend()
+    backend.use_values(use_values)
+    with simulated(backend):
+        torch.cuda.manual_seed_all(7)
+        state = torch.cuda.get_rng_state()
+        first = torch.rand(4, device="cuda")
+        with torch.random.fork_rng():
+            torch.rand(100, device="cuda")
+        torch.cuda.set_rng_state(state)
+        again = torch.rand(4, device="cuda")
+        assert torch.cuda.initial_seed() == 7
+        assert len(torch.cuda.get_rng_state_all()) == 1
+        if use_values:
+            assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("use_values", [False, True])
+def test_torch_compile_runs_eagerly_with_the_eager_figures(use_values: bool) -> None:
+    backend = SimBackend()
+    backend.use_values(use_values)
+    with simulated(backend):
+        compiled = torch.compile(lambda x: (x.sin() * 2).exp())
+        x = torch.ones(1024, device="cuda")
+        out = compiled(x)
+        # Eager, the two temporaries are seen: what was allocated peaks at four tensors.
+        assert backend.peak_allocated() == 3 * 4096
+        if use_values:
+            assert torch.allclose(out, (x.sin() * 2).exp())
+        del out
+
+
+def test_computing_beyond_the_host_memory_fails_with_the_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_vram.backends import sim as sim_module
+
+    monkeypatch.setattr(sim_module, "available_host_memory", lambda: 1 * GiB)
+    monkeypatch.setattr(sim_module, "_data_size", lambda: None)  # the tracker's check alone
+    backend = SimBackend()
+    backend.use_values(True, reason="assert torch.isfinite(loss)")
+    with computing(backend):
+        kept = [torch.empty(100 * MiB, dtype=torch.uint8) for _ in range(4)]
+        with pytest.raises(sim_module.HostMemoryExceeded) as raised:
+            kept += [torch.empty(600 * MiB, dtype=torch.uint8)]
+        assert backend.allocated() == 400 * MiB
+        del kept
+    message = str(raised.value)
+    assert "computes this test's values on the CPU" in message
+    assert "1000.00 MiB of tensors would be live, with 1.00 GiB available" in message
+    assert "assert torch.isfinite(loss)" in message
+    assert 'vram_backend("cuda")' in message and "shape-only" in message
+
+
+def test_a_kernel_cannot_take_more_than_the_host_has() -> None:
+    import resource
+
+    from pytest_vram.backends.sim import available_host_memory
+
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    available = available_host_memory()
+    assert available is not None
+    backend = SimBackend()
+    with computing(backend):
+        with pytest.raises(RuntimeError) as raised:
+            torch.zeros(available * 2, dtype=torch.uint8)  # refused before a page is touched
+        assert backend.explain_error(raised.value) is not None
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+def test_the_mode_changes_between_tests_only() -> None:
+    backend = SimBackend()
+    with simulated(backend), pytest.raises(RuntimeError):
+        backend.use_values(True)
+    backend.use_values(True)
+    with simulated(backend):
+        assert not isinstance(torch.ones(1), FakeTensor)
+    backend.use_values(False)
+    with simulated(backend):
+        assert isinstance(torch.ones(1), FakeTensor)

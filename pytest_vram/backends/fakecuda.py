@@ -22,6 +22,8 @@ Everything is patched in :meth:`VirtualCuda.install` and put back, object for ob
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim import optimizer as _optimizer
 from torch.overrides import TorchFunctionMode
 from torch.utils import _device
+from torch.utils.data._utils import pin_memory as pin_memory_module
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
 
@@ -65,6 +68,8 @@ class SimulatedDevice(Protocol):
     def memory_stats_nested(self) -> dict[str, Any]: ...
 
     def memory_summary(self) -> str: ...
+
+    def counted(self, tensor: torch.Tensor) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,9 @@ def is_cuda_device(device: object) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def _tensor_to(func: Callable, args: tuple, kwargs: dict) -> Any:
+def _tensor_to(
+    on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple, kwargs: dict
+) -> Any:
     to_cuda = False
     if len(args) > 1 and is_cuda_device(args[1]):
         args = (args[0], _CPU, *args[2:])
@@ -112,20 +119,22 @@ def _tensor_to(func: Callable, args: tuple, kwargs: dict) -> Any:
     if device is not None and is_cuda_device(device):
         kwargs["device"] = _CPU
         to_cuda = True
-    # A host tensor made before the simulation moves to the device: a new, counted fake copy.
-    if to_cuda and not isinstance(args[0], FakeTensor) and len(args) < 5:
+    # A host tensor made before the simulation moves to the device: a new, counted copy.
+    if to_cuda and not on_device(args[0]) and len(args) < 5:
         kwargs.setdefault("copy", True)
     return func(*args, **kwargs)
 
 
-def _tensor_cuda(func: Callable, args: tuple, kwargs: dict) -> Any:
+def _tensor_cuda(
+    on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple, kwargs: dict
+) -> Any:
     tensor = args[0]
     non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
     memory_format = kwargs.get("memory_format", torch.preserve_format)
     return tensor.to(
         _CPU,
         non_blocking=non_blocking,
-        copy=not isinstance(tensor, FakeTensor),
+        copy=not on_device(tensor),
         memory_format=memory_format,
     )
 
@@ -147,11 +156,15 @@ def _returns_false(func: Callable, args: tuple, kwargs: dict) -> Any:
     return False
 
 
-def _special_methods() -> dict[Callable, Callable]:
+def _is_fake(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, FakeTensor)
+
+
+def _special_methods(on_device: Callable[[torch.Tensor], bool]) -> dict[Callable, Callable]:
     tensor = torch.Tensor
     return {
-        tensor.to: _tensor_to,
-        tensor.cuda: _tensor_cuda,
+        tensor.to: functools.partial(_tensor_to, on_device),
+        tensor.cuda: functools.partial(_tensor_cuda, on_device),
         tensor.__format__: _tensor_format,
         # Pinned host memory needs a CUDA runtime; on the simulated device it is plain memory.
         tensor.pin_memory: _returns_self,
@@ -267,9 +280,9 @@ class CudaRemapMode(TorchFunctionMode):
     functions called directly, while CPU autocast, underneath, casts everything else.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_device: Callable[[torch.Tensor], bool] = _is_fake) -> None:
         super().__init__()
-        self._special = _special_methods()
+        self._special = _special_methods(on_device)
         self._autocast = _autocast_policies()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
@@ -456,6 +469,39 @@ _STREAM = _Stream()
 _MISSING = object()
 
 
+# The simulated device's tensors are CPU tensors, drawn from the CPU generator: CUDA's random
+# state is that generator's, so fork_rng, torch.compile and checkpointing, which save and
+# restore both, restore the one that was used.
+def _get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def _set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    torch.default_generator.set_state(new_state)
+
+
+def _manual_seed(seed: int) -> None:
+    # Not torch.manual_seed, which seeds the CUDA generators in turn, that is: this.
+    torch.default_generator.manual_seed(int(seed))
+
+
+_RNG_FUNCTIONS: dict[str, Callable] = {
+    "get_rng_state": _get_rng_state,
+    "set_rng_state": _set_rng_state,
+    "get_rng_state_all": lambda: [_get_rng_state()],
+    "set_rng_state_all": lambda new_states: _set_rng_state(next(iter(new_states))),
+    "manual_seed": _manual_seed,
+    "manual_seed_all": _manual_seed,
+    "seed": lambda: torch.default_generator.seed(),
+    "seed_all": lambda: torch.default_generator.seed(),
+    "initial_seed": lambda: torch.default_generator.initial_seed(),
+}
+
+
+def _pin_nothing(data: Any, device: Any = None) -> Any:
+    return data
+
+
 def _default_device_context() -> Any:
     """The context ``torch.set_default_device`` entered on this thread, if any."""
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
@@ -463,28 +509,74 @@ def _default_device_context() -> Any:
 
 
 class VirtualCuda:
-    """Installs and removes the virtual CUDA device around one simulated test."""
+    """Installs and removes the virtual CUDA device around one simulated test.
+
+    Shape-only (the default), tensors are fake and a tensor is on the device when it is fake;
+    ``install(computing=True)`` serves a test that runs on real CPU tensors, where a tensor is
+    on the device when the simulated device counts its storage, and the parts that only fake
+    tensors need (a module's parameter swap, a gradient scaler that cannot read infs) stay
+    PyTorch's own.
+    """
 
     def __init__(self, device: SimulatedDevice) -> None:
         self._device = device
-        self._mode = CudaRemapMode()
+        self._modes = {False: CudaRemapMode(), True: CudaRemapMode(on_device=device.counted)}
+        self._mode = self._modes[False]
         self._saved: list[tuple[object, str, object]] = []
         self._default_device: Any = None
+        self._stance: Any = _MISSING
         self.installed = False
 
-    def install(self) -> None:
+    def install(self, computing: bool = False) -> None:
         if self.installed:
             return
         self._saved = []
         self._default_device = _default_device_context()
+        self._mode = self._modes[computing]
         try:
-            for owner, name, value in self._replacements():
+            for owner, name, value in self._replacements(computing):
                 self._patch(owner, name, value)
+            self._force_eager()
             self._mode.__enter__()
         except BaseException:
             self._restore()
             raise
         self.installed = True
+
+    def _force_eager(self) -> None:
+        """Run ``torch.compile``'d code eagerly while the test runs.
+
+        Compiled for fake tensors, Inductor's kernels would write through fake data pointers
+        (a segmentation fault); compiled for the CPU, they would allocate behind the
+        dispatcher, unseen, so that a test's figures would depend on whether it computed.
+        Eager, the same ops run and are counted either way. Dynamo is not imported for it:
+        a test that compiles imports it, through torch.compile, which calls this again.
+        """
+        if self._stance is not _MISSING:
+            return
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        stance = getattr(eval_frame, "DynamoStance", None)
+        if stance is None:
+            return
+        # Not inside a compiled region, where the stance cannot change.
+        with contextlib.suppress(RuntimeError, TypeError, AttributeError):
+            self._stance = eval_frame._set_stance(stance(stance="force_eager"))
+
+    def _restore_stance(self) -> None:
+        stance, self._stance = self._stance, _MISSING
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        if stance is not _MISSING and eval_frame is not None:
+            with contextlib.suppress(RuntimeError, AttributeError):
+                eval_frame._set_stance(stance)
+
+    def _compile(self, original: Callable) -> Callable:
+        @functools.wraps(original)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            compiled = original(*args, **kwargs)
+            self._force_eager()
+            return compiled
+
+        return compile
 
     def uninstall(self) -> None:
         if not self.installed:
@@ -494,6 +586,7 @@ class VirtualCuda:
             self._mode.__exit__(None, None, None)
         finally:
             self._restore()
+            self._restore_stance()
             # A test that made "cuda" the default device would leave it to every later test,
             # which on a machine without CUDA cannot make a tensor any more.
             context = _default_device_context()
@@ -528,7 +621,7 @@ class VirtualCuda:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
 
-    def _replacements(self) -> Iterator[tuple[object, str, object]]:
+    def _replacements(self, computing: bool) -> Iterator[tuple[object, str, object]]:
         dev = self._device
         cuda = torch.cuda
         memory = torch.cuda.memory
@@ -593,11 +686,15 @@ class VirtualCuda:
             "Stream": _Stream,
             "Event": _Event,
             "device": _DeviceGuard,
+            **_RNG_FUNCTIONS,
         }
+        random = torch.cuda.random
         for name, value in functions.items():
             yield cuda, name, value
             if name in memory.__dict__:
                 yield memory, name, value
+            if name in random.__dict__:
+                yield random, name, value
 
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None:
@@ -628,7 +725,9 @@ class VirtualCuda:
                         if name in owner.__dict__:
                             yield owner, name, value
 
-        yield nn.Module, "_apply", _module_apply
+        yield torch, "compile", self._compile(torch.compile)
+        if not computing:
+            yield nn.Module, "_apply", _module_apply
         yield _device.DeviceContext, "__torch_function__", _device_context_torch_function
 
         autocast = torch.amp.autocast_mode.autocast
@@ -650,4 +749,8 @@ class VirtualCuda:
             "_foreach_supported_types",
             [*optimizer._foreach_supported_types, FakeTensor],
         )
-        yield torch.amp.grad_scaler.GradScaler, "_maybe_opt_step", _grad_scaler_step
+        if not computing:
+            yield torch.amp.grad_scaler.GradScaler, "_maybe_opt_step", _grad_scaler_step
+        # Pinning needs a CUDA runtime; a DataLoader's pinning thread does not see the
+        # function mode that makes Tensor.pin_memory a no-op.
+        yield pin_memory_module, "pin_memory", _pin_nothing

@@ -1,9 +1,13 @@
 """The simulated device: CUDA memory of code that runs on fake tensors, in seconds, without a GPU.
 
-A measured test runs under PyTorch's ``FakeTensorMode``: every tensor carries its shape, dtype
-and storage size but no data, so nothing is computed and a 32B-parameter training step takes
-seconds on a laptop. A :class:`~pytest_vram.backends.tracker.StorageTracker` counts the live
-storages as the CUDA caching allocator would hand them out (multiples of 512 bytes), a
+Shape-only, a measured test runs under PyTorch's ``FakeTensorMode``: every tensor carries its
+shape, dtype and storage size but no data, so nothing is computed and a 32B-parameter training
+step takes seconds on a laptop. Computing (``use_values(True)``, for a test that reads values),
+it runs on real CPU tensors, watched by the tracker's dispatch mode; everything else is the
+same, so both give the same figures for the same allocations.
+
+A :class:`~pytest_vram.backends.tracker.StorageTracker` counts the live storages as the CUDA
+caching allocator would hand them out (multiples of 512 bytes), a
 :class:`~pytest_vram.backends.segments.CachingAllocatorModel` replays the allocator's segments
 for reserved memory and out-of-memory, and :class:`~pytest_vram.backends.fakecuda.VirtualCuda`
 makes ``device="cuda"``, ``.cuda()``, ``torch.autocast("cuda")`` and ``torch.cuda.*`` queries
@@ -12,7 +16,9 @@ work on a CPU-only build of PyTorch. See ``docs/sim.md``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 from typing import Any
 
 import torch
@@ -29,7 +35,13 @@ from pytest_vram.backends.segments import CachingAllocatorModel
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 from pytest_vram.units import format_size, parse_size
 
-__all__ = ["UNLIMITED_TOTAL", "SimBackend", "needs_values_error"]
+__all__ = [
+    "UNLIMITED_TOTAL",
+    "HostMemoryExceeded",
+    "SimBackend",
+    "available_host_memory",
+    "needs_values_error",
+]
 
 #: What ``torch.cuda.get_device_properties().total_memory`` and ``mem_get_info`` report for a
 #: simulated device without a capacity: 1 PiB, more than any model here can ask for.
@@ -43,6 +55,44 @@ _FRAMEWORK_MARKERS = (
     os.sep + "pluggy" + os.sep,
     os.sep + "contextlib.py",
 )
+
+
+#: What computing leaves the rest of the host: a tenth of what was available, at least this.
+HOST_MARGIN = 512 << 20
+
+
+class HostMemoryExceeded(RuntimeError):
+    """Computing a test's values on the CPU would need more memory than the host has."""
+
+
+def available_host_memory() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where there is no such file."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _data_size() -> int | None:
+    """The process's data segment and private writable mappings (``VmData``), in bytes."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _is_host_tensor(tensor: torch.Tensor) -> bool:
+    # Computing: real CPU tensors are the device's; fake ones (a shape-only test's leftovers)
+    # and meta tensors are not.
+    return tensor.is_cpu and not isinstance(tensor, FakeTensor)
 
 
 def _on_device(tensor: torch.Tensor) -> bool:
@@ -134,15 +184,99 @@ class SimBackend(Backend):
         self.capacity = None if capacity is None else parse_size(capacity)
         self.segments = CachingAllocatorModel(capacity=self.capacity)
         self.tracker = StorageTracker(
-            counts=_on_device,
+            counts=self._counts,
             size_of=round_like_cuda_allocator,
+            on_allocate=self._check_host,
             allocator=self.segments,
             count_unseen_aliases=False,
         )
         self.fake_mode = _SimFakeTensorMode(self.tracker)
         self.cuda = VirtualCuda(self)
+        #: Whether the next (or current) test computes values on the CPU.
+        self.computing = False
+        #: Why it computes: what the shape-only run failed with, for messages.
+        self.computing_reason: str | None = None
+        self._counts_now = _on_device
         self._active = False
+        self._mode: Any = None
         self._counters_at_start = (0, 0)
+        #: Computing: the most the tracker may count before the host runs out.
+        self._host_limit: int | None = None
+        self._host_available: int | None = None
+        self._saved_data_limit: tuple[int, int] | None = None
+
+    def use_values(self, computing: bool, reason: str | None = None) -> None:
+        """Run the next test shape-only (False) or on real CPU tensors (True)."""
+        if self._active:
+            raise RuntimeError("the simulated device's mode changes between tests only")
+        self.computing = computing
+        self.computing_reason = reason if computing else None
+        self._counts_now = _is_host_tensor if computing else _on_device
+
+    def _counts(self, tensor: torch.Tensor) -> bool:
+        return self._counts_now(tensor)
+
+    def counted(self, tensor: torch.Tensor) -> bool:
+        """Whether the simulated device counts ``tensor``'s storage (it is on the device)."""
+        return self.tracker.counted(tensor)
+
+    def _check_host(self, nbytes: int) -> None:
+        limit = self._host_limit
+        if limit is None:
+            return
+        needed = self.tracker.current + nbytes
+        if needed > limit:
+            raise HostMemoryExceeded(self._host_message(needed))
+
+    def _host_message(self, needed: int | None) -> str:
+        available = self._host_available
+        what = (
+            f"{format_size(needed)} of tensors would be live"
+            if needed is not None
+            else "an allocation did not fit"
+        )
+        return (
+            "the simulated device computes this test's values on the CPU, and this host has not "
+            f"the memory for it: {what}, with "
+            f"{format_size(available) if available is not None else 'an unknown amount'} "
+            "available when the test started"
+            + (f" (it needs values: {self.computing_reason})" if self.computing_reason else "")
+            + ". Shape-only, on fake tensors, any size fits: keep the test from reading tensor "
+            "values (.item(), value asserts, a DataLoader) so that it runs shape-only, or run it "
+            'on a GPU runner (@pytest.mark.vram_backend("cuda")).'
+        )
+
+    def _limit_host(self) -> None:
+        available = available_host_memory()
+        self._host_available = available
+        if available is None:
+            self._host_limit = None
+            return
+        room = max(0, available - max(HOST_MARGIN, available // 10))
+        self._host_limit = self.tracker.current + room
+        # A kernel writes its output before the tracker sees it: a limit on the process's
+        # data makes an allocation that cannot fit fail cleanly instead of waking the
+        # kernel's out-of-memory killer.
+        data = _data_size()
+        if data is None:
+            return
+        try:
+            saved = resource.getrlimit(resource.RLIMIT_DATA)
+            hard = saved[1]
+            soft = data + room
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        except (OSError, ValueError):
+            return
+        self._saved_data_limit = saved
+
+    def _unlimit_host(self) -> None:
+        self._host_limit = None
+        saved, self._saved_data_limit = self._saved_data_limit, None
+        if saved is not None:
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_DATA, saved)
 
     def total_memory(self) -> int | None:
         return self.capacity
@@ -155,14 +289,19 @@ class SimBackend(Backend):
         if self._active:
             return
         self._counters_at_start = (self.segments.num_ooms, self.segments.num_alloc_retries)
-        # The fake mode first: entering it reads torch.cuda.is_available(), which must be the
-        # real answer.
-        self.fake_mode.__enter__()
+        # The dispatch mode first: entering FakeTensorMode reads torch.cuda.is_available(),
+        # which must be the real answer.
+        mode = self.tracker.mode if self.computing else self.fake_mode
+        if self.computing:
+            self._limit_host()
+        mode.__enter__()
         try:
-            self.cuda.install()
+            self.cuda.install(computing=self.computing)
         except BaseException:
-            self.fake_mode.__exit__(None, None, None)
+            mode.__exit__(None, None, None)
+            self._unlimit_host()
             raise
+        self._mode = mode
         self._active = True
 
     def end_test(self) -> None:
@@ -172,7 +311,10 @@ class SimBackend(Backend):
         try:
             self.cuda.uninstall()
         finally:
-            self.fake_mode.__exit__(None, None, None)
+            try:
+                self._mode.__exit__(None, None, None)
+            finally:
+                self._unlimit_host()
 
     @property
     def active(self) -> bool:
@@ -190,7 +332,7 @@ class SimBackend(Backend):
         self.segments.reset_peak()
 
     def storage_bytes(self, tensor: torch.Tensor) -> int | None:
-        if not _on_device(tensor):
+        if not (self.tracker.counted(tensor) if self.computing else _on_device(tensor)):
             return None
         return round_like_cuda_allocator(tensor.untyped_storage().nbytes())
 
@@ -254,6 +396,12 @@ class SimBackend(Backend):
         )
 
     def explain_error(self, exc: BaseException) -> str | None:
+        if self.computing:
+            if isinstance(exc, HostMemoryExceeded):
+                return None  # its message says it all
+            if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
+                return self._host_message(None)
+            return None
         cause = needs_values_error(exc)
         if cause is None:
             return None
@@ -269,9 +417,11 @@ class SimBackend(Backend):
         where = f" at {location}" if location else ""
         return (
             f"the simulated device computes no values, and this test needs {what}{where}. "
-            "On the sim backend tensors are fake: they carry shapes, dtypes and memory but no "
-            "data. Run this test on a device that computes, with "
-            '@pytest.mark.vram_backend("cpu") (or "cuda" on a GPU runner).'
+            "Shape-only, the sim backend's tensors are fake: they carry shapes, dtypes and "
+            "memory but no data. With --vram-sim-compute=auto (the default) such a test runs "
+            "again computing its values on the CPU, with the same figures; or run it on a "
+            'device that computes, with @pytest.mark.vram_backend("cpu") (or "cuda" on a GPU '
+            "runner)."
         )
 
     def environment(self) -> dict[str, Any]:

@@ -214,6 +214,13 @@ class StorageTracker:
             else:
                 self._resize(record, size)
 
+    def counted(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is one of the live storages counted."""
+        try:
+            return hasattr(tensor.untyped_storage(), self._key)
+        except (NotImplementedError, RuntimeError):
+            return False
+
     def observe_output(self, func: Any, out: Any) -> None:
         """Count what the op ``func`` returned (a tensor, a list or tuple of them, or neither)."""
         register = self._register_aliases or not _returns_alias(func)

@@ -1,0 +1,222 @@
+"""Values on demand: a test on the simulated device runs shape-only, and computes where it must.
+
+Shape-only, the ``sim`` backend's tensors are fake: nothing is computed, any model size fits,
+and a test that reads a value (``.item()``, a value assert, a ``DataLoader``, ``.numpy()``,
+``generate()``) fails. Such a test is run again, its whole protocol (setup, call, teardown), on
+real CPU tensors, where the simulated device counts the same allocations the same way; only
+the second run is reported. A shape-only failure that memory explains (a budget, a regression,
+a leak check, the simulated device's out-of-memory) is the same when computing and is not run
+again; any other failure is, so that the reported outcome is the one of a run that computed.
+
+The unit is the test file. A file one of whose tests needed values computes its remaining tests
+in this run, and from the next run on all of them, from the start: the file is remembered in
+pytest's cache (``vram/needs_values``; ``--cache-clear`` forgets). Fixtures of a broader scope
+made in one mode hold tensors the other cannot use (fake ones cannot give values, real ones are
+not the shape-only device's), so a test of the other mode finds them torn down and made anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+from pytest_vram.backends import resolve_name
+from pytest_vram.frames import is_out_of_memory
+from pytest_vram.options import Settings
+from pytest_vram.scenarios import LeakError
+from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT
+
+__all__ = ["CACHE_KEY", "COMPUTE", "POLICIES", "REASON", "ValuesOnDemand"]
+
+#: pytest's cache key of the test files that compute their values.
+CACHE_KEY = "vram/needs_values"
+#: What ``--vram-sim-compute`` accepts.
+POLICIES = ("auto", "never", "always")
+#: Set on a sim test before it runs: whether it computes values on the CPU.
+COMPUTE = pytest.StashKey[bool]()
+#: Set on a sim test that computes because its shape-only run failed: the first line of why.
+REASON = pytest.StashKey[str]()
+# The attribute a report of a test that needed values carries, to the controller under xdist.
+_REPORT_ATTRIBUTE = "vram_needs_values"
+
+
+def module_of(item: pytest.Item) -> str:
+    """The test file of ``item``, as its node id names it."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def _failed(reports: list[pytest.TestReport]) -> bool:
+    # An xfailed test failed too: computing, it may pass (and xpass).
+    return any(r.failed or (r.skipped and hasattr(r, "wasxfail")) for r in reports)
+
+
+def _first_line(reports: list[pytest.TestReport]) -> str | None:
+    for report in reports:
+        if report.failed or hasattr(report, "wasxfail"):
+            text = str(report.longrepr or "").strip()
+            message = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+            line = (message or text).strip().splitlines()
+            return line[0][:300] if line else None
+    return None
+
+
+class ValuesOnDemand:
+    """Runs each test on the simulated device shape-only or computing, and reruns a shape-only
+    failure computing. ``session`` is the plugin's :class:`~pytest_vram.session.VramSession`."""
+
+    def __init__(self, config: pytest.Config, settings: Settings, session: Any) -> None:
+        from pytest_vram import session as session_module
+
+        self._keys = (
+            session_module.VERDICT,
+            session_module.RAISED,
+            session_module.RECORD,
+            MEASUREMENT,
+            REASON,
+        )
+        self.config = config
+        self.settings = settings
+        self.session = session
+        self.policy = settings.sim_compute
+        cache = getattr(config, "cache", None)
+        remembered = cache.get(CACHE_KEY, []) if cache is not None else []
+        #: Test files remembered as needing values when the run started.
+        self.remembered: set[str] = {m for m in remembered if isinstance(m, str)}
+        #: Test files that compute in this run.
+        self.computing: set[str] = set(self.remembered)
+        #: Test files found to need values in this run (by this process, or an xdist worker).
+        self.found: set[str] = set()
+        # Per broader-scoped fixture: whether it was made for a computing test.
+        self._made_in: dict[Any, bool] = {}
+        self._mode: bool | None = None
+        self._resolved: dict[str, str] = {}
+
+    def _on_sim(self, item: pytest.Item) -> bool:
+        marks = item.stash.get(MARKS, None)
+        if marks is None or MARKER_ERROR in item.stash:
+            return False
+        name = marks.backend or self.settings.backend
+        if name not in self._resolved:
+            try:
+                self._resolved[name] = resolve_name(name)
+            except Exception:  # the session reports an unusable backend itself
+                self._resolved[name] = name
+        return self._resolved[name] == "sim"
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        if self.policy == "never" or not self._on_sim(item):
+            return None
+        module = module_of(item)
+        computing = self.policy == "always" or module in self.computing
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
+        reports = self._run(item, nextitem, computing)
+        if not computing and self._worth_computing(item, reports):
+            reason = _first_line(reports)
+            self._forget(item, saved)
+            reports = self._run(item, nextitem, True, reason)
+            if not _failed(reports):
+                # The values were what the shape-only run lacked.
+                self.computing.add(module)
+                for report in reports:
+                    setattr(report, _REPORT_ATTRIBUTE, module)
+        for report in reports:
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def _run(
+        self,
+        item: pytest.Item,
+        nextitem: pytest.Item | None,
+        computing: bool,
+        reason: str | None = None,
+    ) -> list[pytest.TestReport]:
+        item.stash[COMPUTE] = computing
+        if reason is not None:
+            item.stash[REASON] = reason
+        self._remake_fixtures(item, computing)
+        self._mode = computing
+        try:
+            return runtestprotocol(item, nextitem=nextitem, log=False)
+        finally:
+            self._mode = None
+
+    def _worth_computing(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
+        """Whether a shape-only run failed for a reason that computing may not have."""
+        if not _failed(reports):
+            return False
+        from pytest_vram.session import RAISED
+
+        raised = item.stash.get(RAISED, None)
+        if raised is None:
+            # Nothing raised in setup or call: the memory verdict failed (a budget, a
+            # regression), or teardown did.
+            return any(r.failed for r in reports if r.when == "teardown")
+        # The same allocations run out of the simulated device, or keep growing, computing.
+        return not (is_out_of_memory(raised) or isinstance(raised, LeakError))
+
+    def _forget(self, item: pytest.Item, saved: tuple[list[Any], list[Any]]) -> None:
+        """Undo what the shape-only run left on the item and in the session's records."""
+        from pytest_vram.session import RECORD
+
+        record = item.stash.get(RECORD, None)
+        if record is not None:
+            self.session.discard(record)
+        for key in self._keys:
+            if key in item.stash:
+                del item.stash[key]
+        item.user_properties[:] = saved[0]
+        sections = getattr(item, "_report_sections", None)
+        if isinstance(sections, list):
+            sections[:] = saved[1]
+
+    # -- fixtures of a broader scope ------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> Any:
+        if self._mode is not None and fixturedef.scope != "function":
+            self._made_in[fixturedef] = self._mode
+        return (yield)
+
+    def _remake_fixtures(self, item: pytest.Item, computing: bool) -> None:
+        """Tear down the broader-scoped fixtures of ``item`` made for the other mode; its setup
+        makes them anew."""
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            return
+        for name in getattr(item, "fixturenames", ()):
+            definitions = info.name2fixturedefs.get(name)
+            if not definitions:
+                continue
+            fixturedef = definitions[-1]
+            made = self._made_in.get(fixturedef)
+            if made is None or made == computing or fixturedef.cached_result is None:
+                continue
+            del self._made_in[fixturedef]
+            # Its finalizers: the fixture's own teardown and those of fixtures using it. A
+            # teardown error is of a value no test will see again.
+            with contextlib.suppress(Exception):
+                fixturedef.finish(types.SimpleNamespace(node=item))
+
+    # -- remembering ----------------------------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = getattr(report, _REPORT_ATTRIBUTE, None)
+        if isinstance(module, str):
+            self.found.add(module)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        cache = getattr(self.config, "cache", None)
+        if cache is None or hasattr(self.config, "workerinput") or self.found <= self.remembered:
+            return
+        cache.set(CACHE_KEY, sorted(self.remembered | self.found))
