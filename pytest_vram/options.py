@@ -97,9 +97,9 @@ def add_options(parser: pytest.Parser) -> None:
         "--vram-seed",
         metavar="SEED",
         default=None,
-        help="seed Python's, NumPy's and torch's generators with SEED before each measured "
-        "test, so that reruns allocate alike; 'off' leaves them alone (default: ini vram_seed, "
-        f"or {DEFAULT_SEED})",
+        help="seed Python's, NumPy's and torch's generators before each measured test with a "
+        "seed derived from SEED and the test's node id, so that reruns allocate alike; 'off' "
+        f"leaves them alone (default: ini vram_seed, or {DEFAULT_SEED})",
     )
     group.addoption("--vram-json", metavar="PATH", default=None, help="write the figures as JSON")
     group.addoption(

@@ -117,7 +117,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     settings = config.stash.get(SETTINGS, None)
     if settings is None or settings.seed is None or not settings.measure_all:
         return None
-    return f"vram: measured tests start from seed {settings.seed} (--vram-seed)"
+    return (
+        f"vram: each measured test starts from its own seed, derived from {settings.seed} "
+        "(--vram-seed)"
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

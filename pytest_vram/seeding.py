@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import random
 import sys
+import zlib
 
-__all__ = ["DEFAULT_SEED", "seed_generators"]
+__all__ = ["DEFAULT_SEED", "seed_for", "seed_generators"]
 
 #: The seed every measured test starts from unless ``--vram-seed`` says otherwise.
 DEFAULT_SEED = 0
+
+
+def seed_for(seed: int, nodeid: str) -> int:
+    """The seed of the test ``nodeid`` in a run seeded with ``seed``: the same in every run,
+    process and order, and another for each test, so that tests do not all draw one stream."""
+    return zlib.crc32(f"{seed}:{nodeid}".encode())
 
 
 def seed_generators(seed: int) -> None:

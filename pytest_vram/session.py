@@ -32,7 +32,7 @@ from pytest_vram.report import (
     terminal_lines,
 )
 from pytest_vram.scenarios import LeakError
-from pytest_vram.seeding import seed_generators
+from pytest_vram.seeding import seed_for, seed_generators
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
@@ -143,7 +143,7 @@ class VramSession:
                 )
         self._clean(backend)
         if self.settings.seed is not None:
-            seed_generators(self.settings.seed)
+            seed_generators(seed_for(self.settings.seed, item.nodeid))
         measurement = TestMeasurement(view_for(item, backend), item.nodeid)  # type: ignore[arg-type]
         measurement.record.device = self.pool.device_classes[backend.name]
         self.snapshots.start(backend)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pytest_vram.seeding import seed_generators
+from pytest_vram.seeding import seed_for, seed_generators
 
 DRAWS = """
 import random
@@ -18,6 +18,11 @@ def test_draws(vram):
     steps = random.randint(1, 1000) + int(np.random.randint(0, 1000))
     x = torch.ones(steps * 64 + int(torch.randint(0, 1000, ()).item()))
 """
+
+
+def test_each_test_has_its_own_seed_the_same_in_every_run() -> None:
+    assert seed_for(0, "t.py::a") == seed_for(0, "t.py::a")
+    assert len({seed_for(0, "t.py::a"), seed_for(0, "t.py::b"), seed_for(1, "t.py::a")}) == 3
 
 
 def test_seeding_repeats_python_numpy_and_torch_draws() -> None:
@@ -53,11 +58,15 @@ def test_a_rerun_of_a_test_that_draws_from_unseeded_generators_measures_alike(
         "--vram-backend=cpu", "--vram-report", "--vram-tolerance=0B"
     )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["vram: measured tests start from seed 0 (--vram-seed)"])
+    result.stdout.fnmatch_lines(
+        ["vram: each measured test starts from its own seed, derived from 0 (--vram-seed)"]
+    )
 
 
 SEQUENCE = """
 import random
+
+from pytest_vram.seeding import seed_for
 
 def test_first(vram):
     random.seed(99)
@@ -66,22 +75,22 @@ def test_second(vram):
     random_at_start = random.random()
     random.seed(99)
     after_seed_99 = random.random()
-    random.seed(0)
-    after_seed_0 = random.random()
+    random.seed(seed_for(0, "test_sequence.py::test_second"))
+    after_its_seed = random.random()
     assert random_at_start == ({expected})
 """
 
 
 @pytest.mark.parametrize(
     ("option", "expected"),
-    [("--vram-seed=off", "after_seed_99"), ("--vram-seed=0", "after_seed_0")],
+    [("--vram-seed=off", "after_seed_99"), ("--vram-seed=0", "after_its_seed")],
 )
 def test_seed_off_leaves_the_generators_alone(
     pytester: pytest.Pytester, option: str, expected: str
 ) -> None:
     # test_second reads the generator before touching it: with seeding off it goes on from
     # test_first's seed, with seeding on it starts from --vram-seed.
-    pytester.makepyfile(SEQUENCE.format(expected=expected))
+    pytester.makepyfile(test_sequence=SEQUENCE.format(expected=expected))
     result = pytester.runpytest("--vram-backend=cpu", "--vram-report", option, "-p", "no:randomly")
     result.assert_outcomes(passed=2)
 
