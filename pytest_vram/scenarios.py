@@ -243,9 +243,11 @@ def leak_check(
         confirmed = collected - baseline
         if collected - min(series) > allowed:
             recorder = record_leak_sites(probe)
-            leaked, sustained = _confirm(
-                probe, fn, series, collected, steps, allowed, confirmation, recorder
-            )
+            # The recorder notes where what the steps allocate and keep was allocated.
+            with recorder if recorder is not None else contextlib.nullcontext():
+                leaked, sustained = _confirm(
+                    probe, fn, series, collected, steps, allowed, confirmation, recorder
+                )
             if leaked and recorder is not None:
                 sites = recorder.sites
     result = LeakCheckResult(
@@ -278,23 +280,7 @@ def _confirm(
     recorder: LeakSiteRecorder | None = None,
 ) -> tuple[bool, float]:
     """Run confirmation steps into ``confirmation`` until the floor has either risen block
-    after block (a leak) or shown itself bounded; return the verdict and the floor's rate.
-
-    ``recorder`` (optional) records where what the steps allocate and keep was allocated."""
-    with recorder if recorder is not None else contextlib.nullcontext():
-        return _confirm_steps(probe, fn, series, collected, steps, allowed, confirmation, recorder)
-
-
-def _confirm_steps(
-    probe: Probe,
-    fn: Callable[[], Any],
-    series: list[int],
-    collected: int,
-    steps: int,
-    allowed: int,
-    confirmation: list[int],
-    recorder: LeakSiteRecorder | None,
-) -> tuple[bool, float]:
+    after block (a leak) or shown itself bounded; return the verdict and the floor's rate."""
     first_half = series[: len(series) // 2 + 1]
     # The floor the measured steps kept coming back to early on; a leak leaves it behind.
     floors, _ = block_floors(first_half, max(1, CONFIRMATION_BLOCKS // 2))
