@@ -133,6 +133,14 @@ class BenchmarkMemory:
     """The pytest plugin: finds the benchmark fixture of a measured test, fills its
     ``extra_info`` once the test's figures are final."""
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        # Without a test that uses the benchmark fixture, the other tests pay nothing for
+        # this plugin's hooks.
+        if any("benchmark" in getattr(item, "fixturenames", ()) for item in session.items):
+            return
+        session.config.pluginmanager.unregister(self)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         measurement = item.stash.get(MEASUREMENT, None)

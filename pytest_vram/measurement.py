@@ -8,9 +8,15 @@ first folds the backend's peak into each open window, so no window loses its max
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pytest_vram.backends.base import Backend
 from pytest_vram.records import TestRecord
+
+if TYPE_CHECKING:
+    from pytest_vram.marks import VramMarks
+    from pytest_vram.verdict import Verdict
 
 __all__ = ["PeakWindow", "TestMeasurement"]
 
@@ -42,9 +48,22 @@ class TestMeasurement:
 
     __test__ = False  # not a test class, whatever pytest's name matching thinks
 
-    def __init__(self, backend: Backend, nodeid: str) -> None:
+    def __init__(self, backend: Backend, nodeid: str, device: str | None = None) -> None:
         self.backend = backend
-        self.record = TestRecord(nodeid=nodeid, backend=backend.name, device=backend.device_class)
+        self.record = TestRecord(nodeid, backend.name, device or backend.device_class)
+        #: The test's baseline entry on its device, None when it has none.
+        self.entry: Mapping[str, int] | None = None
+        #: The names of the test's broader-scoped fixtures, whose values count as its own.
+        self.fixtures: tuple[str, ...] = ()
+        #: Whether the test's peak is broken down (attribution).
+        self.attributed = False
+        #: The test's parsed markers, set by the session.
+        self.marks: VramMarks | None = None
+        #: What setup or the call raised (a failure or a skip): its frames hold the test's
+        #: tensors.
+        self.raised: BaseException | None = None
+        #: The memory verdict, once judged.
+        self.verdict: Verdict | None = None
         self._windows: list[PeakWindow] = []
         self._test_window: PeakWindow | None = None
 
@@ -52,9 +71,13 @@ class TestMeasurement:
 
     def begin(self) -> None:
         """Start measuring; call before the test's fixtures are set up."""
-        self.backend.begin_test()
-        self._test_window = self.open_window()
-        self.record.start_allocated = self._test_window.allocated
+        backend = self.backend
+        backend.begin_test()
+        # open_window(), without a fold: no window is open yet.
+        backend.reset_peak()
+        window = self._test_window = PeakWindow(backend.allocated(), backend.reserved())
+        self._windows.append(window)
+        self.record.start_allocated = window.allocated
 
     def finish_call(self) -> None:
         """Freeze the peaks of setup and call; call when the test body has returned."""

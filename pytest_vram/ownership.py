@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import types
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,14 @@ import pytest
 
 from pytest_vram.backends import Backend
 
-__all__ = ["OwnView", "held_bytes", "still_held_by_fixtures", "tensors_in", "view_for"]
+__all__ = [
+    "OwnView",
+    "broader_scoped",
+    "held_bytes",
+    "still_held_by_fixtures",
+    "tensors_in",
+    "view_for",
+]
 
 # How many objects one fixture value's walk visits at most: a fixture that holds a whole
 # framework's state is not walked to its end.
@@ -91,16 +99,51 @@ def held_bytes(values: list[Any], backend: Backend) -> int:
     return sum(storages.values())
 
 
-def cached_fixture_values(item: pytest.Item) -> tuple[list[Any], dict[str, Any]]:
-    """The values of ``item``'s broader-scoped fixtures that an earlier test made: those this
-    test reuses, and by name those made with another parameter, which its setup replaces."""
+def broader_scoped(item: pytest.Item) -> tuple[str, ...]:
+    """The names of ``item``'s fixtures whose scope is broader than the function's.
+
+    Parametrized items share their fixture information; its answer is computed once. Most
+    tests have none, and then nothing of theirs needs to be walked.
+    """
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
+        return ()
+    cached = _BROADER.get(id(info))
+    if cached is not None and cached[0]() is info:
+        return cached[1]
+    names = []
+    for name in item.fixturenames:  # type: ignore[attr-defined]
+        definitions = info.name2fixturedefs.get(name)
+        if definitions and definitions[-1].scope != "function":
+            names.append(name)
+    found = tuple(names)
+    try:
+        key = id(info)
+        _BROADER[key] = (weakref.ref(info, lambda _: _BROADER.pop(key, None)), found)
+    except TypeError:  # an object that takes no weak reference is not cached
+        pass
+    return found
+
+
+#: Per fixture information (by id, with a weak reference that drops the entry): its names of
+#: broader-scoped fixtures.
+_BROADER: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
+
+
+def cached_fixture_values(
+    item: pytest.Item, names: tuple[str, ...] | None = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """The values of ``item``'s broader-scoped fixtures that an earlier test made: those this
+    test reuses, and by name those made with another parameter, which its setup replaces."""
+    if names is None:
+        names = broader_scoped(item)
+    if not names:
         return [], {}
+    info = item._fixtureinfo  # type: ignore[attr-defined]
     callspec = getattr(item, "callspec", None)
     params = getattr(callspec, "params", {})
     reused, replaced = [], {}
-    for name in item.fixturenames:  # type: ignore[attr-defined]
+    for name in names:
         definitions = info.name2fixturedefs.get(name)
         if not definitions:
             continue
@@ -122,19 +165,27 @@ def _same_parameter(cached_key: Any, param: Any) -> bool:
         return cached_key is param
 
 
-def view_for(item: pytest.Item, backend: Backend) -> OwnView:
-    """``backend`` as ``item`` sees it: what its already made fixtures hold counts as its own."""
-    reused, replaced = cached_fixture_values(item)
+def view_for(item: pytest.Item, backend: Backend, names: tuple[str, ...] | None = None) -> OwnView:
+    """``backend`` as ``item`` sees it: what its already made fixtures hold counts as its own.
+
+    ``names``: those of its broader-scoped fixtures, where the caller has them.
+    """
+    if names is not None and not names:
+        return OwnView(backend, 0)
+    reused, replaced = cached_fixture_values(item, names)
     return OwnView(
         backend,
-        held=held_bytes(reused, backend),
+        held=held_bytes(reused, backend) if reused else 0,
         replaced={name: held_bytes([value], backend) for name, value in replaced.items()},
     )
 
 
-def still_held_by_fixtures(item: pytest.Item, backend: Backend) -> int:
+def still_held_by_fixtures(
+    item: pytest.Item, backend: Backend, names: tuple[str, ...] | None = None
+) -> int:
     """What ``item``'s broader-scoped fixtures that are still made hold, after its teardown."""
-    return held_bytes(cached_fixture_values(item)[0], backend)
+    reused = cached_fixture_values(item, names)[0]
+    return held_bytes(reused, backend) if reused else 0
 
 
 class OwnView:
@@ -149,9 +200,18 @@ class OwnView:
         self.held = held
         #: By fixture name: what the value that this test's setup replaces holds. It was
         #: another test's, and setup frees it before making this test's.
-        self.replaced = dict(replaced or {})
+        self.replaced = dict(replaced) if replaced else {}
         self._offset = 0
         self._excluding = 0
+        # What every test reads passes straight through, bound once rather than looked up
+        # through __getattr__ at each read.
+        self.name = backend.name
+        self.reserved = backend.reserved
+        self.peak_reserved = backend.peak_reserved
+        self.peak_device = backend.peak_device
+        self.counters = backend.counters
+        self.end_test = backend.end_test
+        self.reset_peak = backend.reset_peak
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)

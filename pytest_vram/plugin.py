@@ -16,7 +16,7 @@ import pytest
 from pytest_vram.backends import BackendUnavailable, create_backend
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
-from pytest_vram.selection import MEASUREMENT, Selection
+from pytest_vram.selection import MEASUREMENT, Selection, is_xdist_controller
 
 if TYPE_CHECKING:
     from pytest_vram.baselines import BaselineStore
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
 WORKER_PLUGIN_NAME = "vram-worker-reports"
+CONTROLLER_PLUGIN_NAME = "vram-controller-reports"
 RANKS_NAME = "vram-ranks"
 VALUES_NAME = "vram-values"
 CUDA_GUARD_NAME = "vram-collection-cuda"
@@ -60,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     store = _load_store(settings) if _has_baseline_files(settings) else None
 
     def start_session() -> None:
-        from pytest_vram.session import VramSession, WorkerReports
+        from pytest_vram.session import ControllerReports, VramSession, WorkerReports
 
         if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
             return
@@ -71,6 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
         if session.is_worker:
             config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
+        elif is_xdist_controller(config):
+            config.pluginmanager.register(ControllerReports(session), CONTROLLER_PLUGIN_NAME)
         if config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark is active
             from pytest_vram import benchmarking
 
@@ -91,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(selection, SELECTION_NAME)
     # Runs that report or write baselines need the session whatever is measured; so does a
     # pytest-xdist controller, which collects nothing but gathers its workers' records.
-    if settings.wants_session or _is_xdist_controller(config):
+    if settings.wants_session or is_xdist_controller(config):
         start_session()
 
 
@@ -109,10 +112,6 @@ def _load_store(settings: Settings) -> BaselineStore:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _is_xdist_controller(config: pytest.Config) -> bool:
-    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
-
-
 def pytest_report_header(config: pytest.Config) -> str | None:
     settings = config.stash.get(SETTINGS, None)
     if settings is None or settings.seed is None or not settings.measure_all:
@@ -128,6 +127,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         VALUES_NAME,
         PLUGIN_NAME,
         WORKER_PLUGIN_NAME,
+        CONTROLLER_PLUGIN_NAME,
         SELECTION_NAME,
         RANKS_NAME,
         CUDA_GUARD_NAME,

@@ -24,11 +24,16 @@ class BackendPool:
         #: Per backend name: the key of its baseline file.
         self.device_classes: dict[str, str] = {}
         self.notes: list[str] = []
+        #: Per name a test asked for (``auto`` included): its backend, once made.
+        self._asked: dict[str, Backend] = {}
 
     def get(self, name: str) -> Backend:
         """The backend ``name`` (``auto`` resolved); raise BackendUnavailable when it cannot
         run here."""
-        name = resolve_name(name)
+        backend = self._asked.get(name)
+        if backend is not None:
+            return backend
+        asked, name = name, resolve_name(name)
         backend = self.backends.get(name)
         if backend is None:
             backend = create_backend(
@@ -40,6 +45,7 @@ class BackendPool:
             self.backends[name] = backend
             self.device_classes[name] = self._device_class(backend)
             self.environments[name] = self._environment(backend)
+        self._asked[asked] = backend
         return backend
 
     def _device_class(self, backend: Backend) -> str:
@@ -69,3 +75,4 @@ class BackendPool:
         for backend in self.backends.values():
             backend.close()
         self.backends.clear()
+        self._asked.clear()

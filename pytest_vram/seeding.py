@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 import sys
 import zlib
+from _random import Random as _CRandom
+
+_seed_python = _CRandom.seed
 
 __all__ = ["DEFAULT_SEED", "seed_for", "seed_generators"]
 
@@ -21,14 +24,17 @@ def seed_for(seed: int, nodeid: str) -> int:
 
 def seed_generators(seed: int) -> None:
     """Seed Python's, NumPy's (where imported) and torch's (where imported) generators."""
-    random.seed(seed)
+    # What random.seed(int) does, without its checks of the argument's type.
+    _seed_python(random._inst, seed)  # type: ignore[attr-defined]
+    random._inst.gauss_next = None  # type: ignore[attr-defined]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
     torch = sys.modules.get("torch")
     if torch is not None:
         # Not torch.manual_seed: before CUDA is initialised it queues a seeding call for each
-        # accelerator with a formatted stack, which costs a millisecond per test.
+        # accelerator with a formatted stack, which costs a millisecond per test. Where CUDA
+        # is not initialised, nothing on it has drawn a number yet.
         torch.default_generator.manual_seed(seed)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():
             torch.cuda.manual_seed_all(seed)

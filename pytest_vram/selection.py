@@ -19,7 +19,14 @@ from pytest_vram.options import Settings
 if TYPE_CHECKING:
     from pytest_vram.measurement import TestMeasurement
 
-__all__ = ["MARKER_ERROR", "MARKS", "MEASUREMENT", "VRAM_FIXTURES", "Selection"]
+__all__ = [
+    "MARKER_ERROR",
+    "MARKS",
+    "MEASUREMENT",
+    "VRAM_FIXTURES",
+    "Selection",
+    "is_xdist_controller",
+]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
 #: Set on the tests that are measured: their parsed markers.
@@ -28,6 +35,12 @@ MARKS = pytest.StashKey[VramMarks]()
 MARKER_ERROR = pytest.StashKey[MarkerError]()
 #: Set on a measured test while it runs: what the vram fixture hands the test.
 MEASUREMENT: pytest.StashKey[TestMeasurement] = pytest.StashKey()
+
+
+def is_xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist controller: it collects and runs no test, and
+    gathers what its workers report."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
 
 
 class Selection:

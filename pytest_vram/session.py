@@ -22,7 +22,7 @@ from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.options import Settings
-from pytest_vram.ownership import still_held_by_fixtures, view_for
+from pytest_vram.ownership import broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.pool import BackendPool
 from pytest_vram.records import TestRecord
 from pytest_vram.report import (
@@ -42,9 +42,7 @@ from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
 __all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
-VERDICT = pytest.StashKey[Verdict]()
-#: What setup or the call raised (a failure or a skip): its frames hold the test's tensors.
-RAISED = pytest.StashKey[BaseException]()
+#: Set on a measured test after its teardown: its finished record.
 RECORD = pytest.StashKey[TestRecord]()
 
 
@@ -92,17 +90,16 @@ class VramSession:
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         marks = item.stash.get(MARKS, None)
         if marks is None:  # not measured
-            self.pool.pause_all()
+            if self.pool.backends:
+                self.pool.pause_all()
             return (yield)
-        self._begin(item, marks)
+        measurement = self._begin(item, marks)
         try:
             return (yield)
         except BaseException as exc:  # a failure, or a skip (a marker or a fixture's)
-            item.stash[RAISED] = exc
-            outcome = Outcome.SKIPPED if isinstance(exc, pytest.skip.Exception) else Outcome.FAILED
-            item.stash[VERDICT] = Verdict(
-                Status.SKIPPED if outcome is Outcome.SKIPPED else Status.FAILED
-            )
+            measurement.raised = exc
+            skipped = isinstance(exc, pytest.skip.Exception)
+            measurement.verdict = Verdict(Status.SKIPPED if skipped else Status.FAILED)
             raise
 
     @pytest.hookimpl(wrapper=True)
@@ -119,7 +116,7 @@ class VramSession:
         finally:
             view.exit_excluded()
 
-    def _begin(self, item: pytest.Item, marks: VramMarks) -> None:
+    def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
         try:
             if MARKER_ERROR in item.stash:
                 raise item.stash[MARKER_ERROR]
@@ -130,7 +127,8 @@ class VramSession:
             problem = None
         if problem is not None:
             pytest.fail(problem, pytrace=False)
-        self.pool.pause_all(keep=backend)
+        if len(self.pool.backends) > 1:
+            self.pool.pause_all(keep=backend)
         use_values = getattr(backend, "use_values", None)
         if use_values is not None:  # the simulated device: shape-only, or computing
             use_values(item.stash.get(COMPUTE, False), item.stash.get(REASON, None))
@@ -142,14 +140,25 @@ class VramSession:
                     f"{backend.name} device has {format_size(total)}"
                 )
         self._clean(backend)
+        nodeid = item.nodeid
         if self.settings.seed is not None:
-            seed_generators(seed_for(self.settings.seed, item.nodeid))
-        measurement = TestMeasurement(view_for(item, backend), item.nodeid)  # type: ignore[arg-type]
-        measurement.record.device = self.pool.device_classes[backend.name]
-        self.snapshots.start(backend)
+            seed_generators(seed_for(self.settings.seed, nodeid))
+        device = self.pool.device_classes[backend.name]
+        fixtures = broader_scoped(item)
+        measurement = TestMeasurement(view_for(item, backend, fixtures), nodeid, device)  # type: ignore[arg-type]
+        measurement.marks = marks
+        measurement.fixtures = fixtures
+        # Looked up once: the judge and attribution read the same entry.
+        measurement.entry = self.store.entry(device, nodeid)
+        if self.snapshots.directory is not None:
+            self.snapshots.start(backend)
         measurement.begin()
-        self.attribution.begin(backend, self.store.entry(measurement.record.device, item.nodeid))
+        attribution = self.attribution
+        measurement.attributed = attribution.wants_breakdown(
+            measurement.entry
+        ) and attribution.begin(backend, measurement.entry)
         item.stash[MEASUREMENT] = self._current = measurement
+        return measurement
 
     def _clean(self, backend: Backend) -> None:
         """Collect what earlier tests left and empty the allocator cache, so that this test
@@ -168,13 +177,15 @@ class VramSession:
             result = yield
         except BaseException as exc:
             measurement.finish_call()
-            self.attribution.finish_call(measurement.record)
-            item.stash[RAISED] = exc
+            if measurement.attributed:
+                self.attribution.finish_call(measurement.record)
+            measurement.raised = exc
             self._on_error(item, measurement, exc)
             raise
         measurement.finish_call()
-        self.attribution.finish_call(measurement.record)
-        verdict = item.stash[VERDICT] = self._judge(item, measurement.record, Outcome.PASSED)
+        if measurement.attributed:
+            self.attribution.finish_call(measurement.record)
+        verdict = measurement.verdict = self._judge(measurement, Outcome.PASSED)
         if verdict.status.fails:
             __tracebackhide__ = True
             self._dump_snapshot(item, self.pool.backends[measurement.record.backend])
@@ -182,16 +193,20 @@ class VramSession:
         return result
 
     def _judge(
-        self, item: pytest.Item, record: TestRecord, outcome: Outcome, error: str | None = None
+        self,
+        measurement: TestMeasurement,
+        outcome: Outcome,
+        error: str | None = None,
     ) -> Verdict:
+        record = measurement.record
         backend = self.pool.backends[record.backend]
         note = getattr(backend, "nvml_note", None)
-        entry = self.store.entry(record.device, record.nodeid)
+        entry = measurement.entry
         if self.ranks is not None:  # each rank against its own figures
             entry = entry_for_rank(entry, self.ranks.ranks.rank)
         return judge(
             record,
-            item.stash[MARKS],
+            measurement.marks,  # type: ignore[arg-type]
             entry,
             self.settings,
             outcome,
@@ -204,7 +219,7 @@ class VramSession:
     ) -> None:
         backend = self.pool.backends[measurement.record.backend]
         if isinstance(exc, pytest.skip.Exception):
-            item.stash[VERDICT] = Verdict(Status.SKIPPED)
+            measurement.verdict = Verdict(Status.SKIPPED)
             return
         if is_out_of_memory(exc):
             outcome = Outcome.OUT_OF_MEMORY
@@ -216,7 +231,7 @@ class VramSession:
         else:
             outcome = Outcome.FAILED
         error = str(exc).strip().splitlines()[0] if str(exc).strip() else None
-        item.stash[VERDICT] = self._judge(item, measurement.record, outcome, error)
+        measurement.verdict = self._judge(measurement, outcome, error)
         self._dump_snapshot(item, backend)
         explanation = backend.explain_error(exc)
         if explanation is not None:
@@ -238,11 +253,13 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         self._current = None
-        self.attribution.end()
-        self.snapshots.stop()
+        if measurement.attributed:
+            self.attribution.end()
+        if self.snapshots.directory is not None:
+            self.snapshots.stop()
         # The call never ran under --setup-only and --setup-plan.
-        verdict = item.stash.get(VERDICT, None) or Verdict(Status.SKIPPED)
-        raised = item.stash.get(RAISED, None)
+        verdict = measurement.verdict or Verdict(Status.SKIPPED)
+        raised = measurement.raised
         if raised is not None:
             release_exception(raised)
         # pytest drops the test's fixture values only after the teardown report; drop them now,
@@ -255,18 +272,23 @@ class VramSession:
         backend = self.pool.backends[record.backend]
         # What the test's broader-scoped fixtures still hold is theirs, not left over by the
         # test: the end counts them as they were at the start, whichever test made them.
-        record.end_allocated += record.start_allocated - still_held_by_fixtures(item, backend)
+        if measurement.fixtures:
+            held = still_held_by_fixtures(item, backend, measurement.fixtures)
+            record.end_allocated += record.start_allocated - held
+        else:
+            record.end_allocated += record.start_allocated
         self._last_end[record.backend] = backend.allocated()
-        record.status = verdict.status.value
-        if verdict.status is Status.SKIPPED:
+        status = verdict.status
+        record.status = status._value_
+        if status is Status.SKIPPED:
             record.outcome = "skipped"
         else:
-            record.outcome = "failed" if raised is not None or verdict.status.fails else "passed"
+            record.outcome = "failed" if raised is not None or status.fails else "passed"
         record.messages = verdict.failures + verdict.notes
         record.budgets = verdict.budgets
         record.baseline = verdict.baseline
         if self.ranks is not None:
-            record = self.ranks.exchange(record, self.store.entry(record.device, record.nodeid))
+            record = self.ranks.exchange(record, measurement.entry)
         if self.junit_properties:
             item.user_properties.extend(junit_properties(record))
         # For WorkerReports, on the teardown report, and for a rerun to discard it.
@@ -276,7 +298,8 @@ class VramSession:
 
     # -- the controller: collect records, write reports -----------------------------------
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def collect_worker_report(self, report: pytest.TestReport) -> None:
+        """Keep the record a pytest-xdist worker sent on ``report``, if it carries one."""
         data = getattr(report, "vram_record", None)
         if report.when == "teardown" and data is not None:
             self._collect(TestRecord.from_dict(data), getattr(report, "vram_environment", None))
@@ -374,6 +397,17 @@ class VramSession:
             terminalreporter.write("\n".join(lines) + "\n")
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
+
+
+class ControllerReports:
+    """On a pytest-xdist controller: hands the records that ride on the workers' reports to
+    the session. A process that runs its own tests has no reports to read."""
+
+    def __init__(self, session: VramSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.session.collect_worker_report(report)
 
 
 class WorkerReports:

@@ -28,7 +28,7 @@ from pytest_vram.backends import resolve_name
 from pytest_vram.frames import is_out_of_memory
 from pytest_vram.options import Settings
 from pytest_vram.scenarios import LeakError
-from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT
+from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, is_xdist_controller
 
 __all__ = ["CACHE_KEY", "COMPUTE", "POLICIES", "REASON", "ValuesOnDemand"]
 
@@ -72,8 +72,6 @@ class ValuesOnDemand:
         from pytest_vram import session as session_module
 
         self._keys = (
-            session_module.VERDICT,
-            session_module.RAISED,
             session_module.RECORD,
             MEASUREMENT,
             REASON,
@@ -108,6 +106,15 @@ class ValuesOnDemand:
         return self._resolved[name] == "sim"
 
     # -- the protocol ---------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        # A session none of whose tests runs on the simulated device pays nothing for this
+        # plugin's hooks. A pytest-xdist controller runs no test but hears what its workers
+        # found.
+        if is_xdist_controller(self.config) or any(self._on_sim(item) for item in session.items):
+            return
+        self.config.pluginmanager.unregister(self)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -154,9 +161,8 @@ class ValuesOnDemand:
         """Whether a shape-only run failed for a reason that computing may not have."""
         if not _failed(reports):
             return False
-        from pytest_vram.session import RAISED
-
-        raised = item.stash.get(RAISED, None)
+        measurement = item.stash.get(MEASUREMENT, None)
+        raised = measurement.raised if measurement is not None else None
         if raised is None:
             # Nothing raised in setup or call: the memory verdict failed (a budget, a
             # regression), or teardown did.
@@ -181,11 +187,10 @@ class ValuesOnDemand:
 
     # -- fixtures of a broader scope ------------------------------------------------------
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> Any:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> None:
         if self._mode is not None and fixturedef.scope != "function":
             self._made_in[fixturedef] = self._mode
-        return (yield)
 
     def _remake_fixtures(self, item: pytest.Item, computing: bool) -> None:
         """Tear down the broader-scoped fixtures of ``item`` made for the other mode; its setup

@@ -214,7 +214,7 @@ def test_benchmark_autosave_and_compare_carry_the_figures(pytester: pytest.Pytes
     assert "test_fixture" in compare.stdout
 
 
-def test_benchmark_integration_not_registered_without_pytest_benchmark(
+def test_benchmark_integration_registered_only_for_benchmark_tests(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makeconftest(
@@ -233,7 +233,17 @@ def test_benchmark_integration_not_registered_without_pytest_benchmark(
     result = pytester.runpytest("-s", "-p", "no:benchmark", "--vram-backend=sim")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*vram-benchmark registered: False*"])
+    # With pytest-benchmark but no test that uses its fixture, there is nothing to do.
     result = pytester.runpytest("-s", "--vram-backend=sim")
+    result.stdout.fnmatch_lines(["*vram-benchmark registered: False*"])
+    pytester.makepyfile(
+        test_timed="""
+        def test_timed(vram, benchmark):
+            benchmark(lambda: None)
+        """
+    )
+    result = pytester.runpytest("-s", "--vram-backend=sim")
+    result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*vram-benchmark registered: True*"])
 
 

@@ -27,21 +27,22 @@ class Attribution:
     def wants_breakdown(self, entry: Mapping[str, Any] | None) -> bool:
         return self.breakdown or entry_categories(entry) is not None
 
-    def begin(self, backend: Any, entry: Mapping[str, Any] | None) -> None:
-        """Start logging for a breakdown when this test wants one."""
+    def begin(self, backend: Any, entry: Mapping[str, Any] | None) -> bool:
+        """Start logging for a breakdown when this test wants one; whether it does."""
         self.end()
         if not self.wants_breakdown(entry):
-            return
+            return False
         from pytest_vram.attribution.breakdown import PeakBreakdown
         from pytest_vram.attribution.sources import TrackerSource
 
         source = TrackerSource(backend)
         tracker = source.open()
         if tracker is None:
-            return
+            return False
         self._source = source
         self._peak = PeakBreakdown(tracker)
         self._peak.start()
+        return True
 
     def finish_call(self, record: TestRecord) -> None:
         """Break the test's peak down into ``record.breakdown``."""
