@@ -14,6 +14,8 @@ a CPU-only build of PyTorch:
 - ``torch.cuda.*`` (and ``torch.accelerator.*``) device and memory queries answer from the
   simulated device; optimizers default to the ``foreach`` implementations they use on CUDA;
   ``GradScaler.step`` always steps, since the simulated device has no values to check for infs.
+- an optimizer's own host tensors (AdamW's ``step`` counters) are made uncounted, as host
+  memory; transformers' ``is_tracing(tensor)`` answers False for fake tensors, as in a real run.
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
 :meth:`VirtualCuda.uninstall`.

@@ -11,7 +11,9 @@ caching allocator would hand them out (multiples of 512 bytes), a
 :class:`~pytest_vram.backends.segments.CachingAllocatorModel` replays the allocator's segments
 for reserved memory and out-of-memory, and :class:`~pytest_vram.backends.fakecuda.VirtualCuda`
 makes ``device="cuda"``, ``.cuda()``, ``torch.autocast("cuda")`` and ``torch.cuda.*`` queries
-work on a CPU-only build of PyTorch. See ``docs/sim.md``.
+work on a CPU-only build of PyTorch. Shape-only, :class:`~pytest_vram.backends.known.KnownValues`
+keeps the values known without computing (constants, small real tensors), so that code which
+reads them takes the path a real run takes. See ``docs/sim.md``.
 """
 
 from __future__ import annotations
