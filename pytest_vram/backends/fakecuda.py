@@ -14,6 +14,8 @@ a CPU-only build of PyTorch:
 - ``torch.cuda.*`` (and ``torch.accelerator.*``) device and memory queries answer from the
   simulated device; optimizers default to the ``foreach`` implementations they use on CUDA;
   ``GradScaler.step`` always steps, since the simulated device has no values to check for infs.
+- an optimizer's own host tensors (AdamW's ``step`` counters) are made uncounted, as host
+  memory; transformers' ``is_tracing(tensor)`` answers False for fake tensors, as in a real run.
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
 :meth:`VirtualCuda.uninstall`.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -272,20 +275,76 @@ def _autocast_call(policy: str, func: Callable, args: tuple, kwargs: dict) -> An
     return func(*args, **kwargs)
 
 
+# The wrapper torch puts around every optimizer's step: its frame tells that a step runs.
+_STEP_WRAPPER_CODE = _optimizer.Optimizer.profile_hook_step(lambda: None).__code__
+_HOST_FACTORIES = frozenset(
+    {torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.zeros, torch.ones, torch.full,
+     torch.empty}
+)  # fmt: skip
+
+
+def _stepping_optimizer() -> Any:
+    """The optimizer whose ``step`` is running on this thread, if one is."""
+    frame = sys._getframe(2)
+    for _ in range(64):
+        if frame is None:
+            return None
+        if frame.f_code is _STEP_WRAPPER_CODE:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+def _host_scalar(func: Callable, args: tuple, kwargs: dict | None) -> bool:
+    """Whether ``func`` makes one of an optimizer's own host tensors (AdamW's ``step``).
+
+    For CUDA parameters that are neither ``capturable`` nor ``fused``, torch keeps such
+    tensors on the host: made inside ``step`` with no device or the CPU, while the default
+    device is not CUDA. Capturable and fused optimizers put them on the parameters' device,
+    which is ``cpu`` on the simulated device too, so their factories are left alone.
+    """
+    device = kwargs.get("device") if kwargs else None
+    if device is not None and is_cuda_device(device):
+        return False
+    if func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], torch.Tensor):
+        return False
+    if torch.get_default_device().type == "cuda":
+        return False
+    optimizer = _stepping_optimizer()
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        return False
+    return not any(group.get("capturable") or group.get("fused") for group in groups)
+
+
 class CudaRemapMode(TorchFunctionMode):
     """Sends CUDA device arguments to the fake ``cpu`` device and applies CUDA autocast lists.
 
     Only the functions a test calls reach a function mode (what they call in turn does not),
     which is all that device arguments need; for autocast it means the corrections apply to the
-    functions called directly, while CPU autocast, underneath, casts everything else.
+    functions called directly, while CPU autocast, underneath, casts everything else. With
+    ``host_memory``, a context in which the device counts nothing, an optimizer's own host
+    tensors are made in it.
     """
 
-    def __init__(self, on_device: Callable[[torch.Tensor], bool] = _is_fake) -> None:
+    def __init__(
+        self,
+        on_device: Callable[[torch.Tensor], bool] = _is_fake,
+        host_memory: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ) -> None:
         super().__init__()
         self._special = _special_methods(on_device)
         self._autocast = _autocast_policies()
+        self._host_memory = host_memory
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if (
+            func in _HOST_FACTORIES
+            and self._host_memory is not None
+            and _host_scalar(func, args, kwargs)
+        ):
+            with self._host_memory():
+                return func(*args, **(kwargs or {}))
         if kwargs:
             device = kwargs.get("device")
             if device is not None and is_cuda_device(device):
@@ -502,6 +561,53 @@ def _pin_nothing(data: Any, device: Any = None) -> Any:
     return data
 
 
+# transformers asks is_tracing(tensor), which is True for any FakeTensor, and then takes the
+# path of a traced graph: an explicit causal mask a real run never makes, no packed-sequence
+# check. A real run's answer is False; the values it then reads are the simulated device's
+# known values, or a needs-values error (computed by values on demand).
+_TRANSFORMERS_IMPORT_UTILS = "transformers.utils.import_utils"
+
+
+def _not_a_fake_tensor(x: Any) -> bool:
+    return False
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Applies ``patch(module)`` to a module that is first imported while a test runs."""
+
+    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
+        self.name = name
+        self.patch = patch
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        patch = self.patch
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                patch(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
 def _default_device_context() -> Any:
     """The context ``torch.set_default_device`` entered on this thread, if any."""
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
@@ -520,11 +626,16 @@ class VirtualCuda:
 
     def __init__(self, device: SimulatedDevice) -> None:
         self._device = device
-        self._modes = {False: CudaRemapMode(), True: CudaRemapMode(on_device=device.counted)}
+        host_memory = getattr(device, "host_memory", None)
+        self._modes = {
+            False: CudaRemapMode(host_memory=host_memory),
+            True: CudaRemapMode(on_device=device.counted, host_memory=host_memory),
+        }
         self._mode = self._modes[False]
         self._saved: list[tuple[object, str, object]] = []
         self._default_device: Any = None
         self._stance: Any = _MISSING
+        self._finder: _PatchOnImport | None = None
         self.installed = False
 
     def install(self, computing: bool = False) -> None:
@@ -537,11 +648,27 @@ class VirtualCuda:
             for owner, name, value in self._replacements(computing):
                 self._patch(owner, name, value)
             self._force_eager()
+            if not computing:
+                self._answer_not_tracing()
             self._mode.__enter__()
         except BaseException:
             self._restore()
             raise
         self.installed = True
+
+    def _answer_not_tracing(self) -> None:
+        """Make transformers' ``is_tracing(tensor)`` answer as in a real run (False)."""
+
+        def patch(module: Any) -> None:
+            self._patch(module, "is_fake_tensor", _not_a_fake_tensor)
+
+        module = sys.modules.get(_TRANSFORMERS_IMPORT_UTILS)
+        if module is not None:
+            patch(module)
+            return
+        finder = _PatchOnImport(_TRANSFORMERS_IMPORT_UTILS, patch)
+        sys.meta_path.insert(0, finder)
+        self._finder = finder
 
     def _force_eager(self) -> None:
         """Run ``torch.compile``'d code eagerly while the test runs.
@@ -617,6 +744,9 @@ class VirtualCuda:
         setattr(owner, name, value)
 
     def _restore(self) -> None:
+        finder, self._finder = self._finder, None
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)

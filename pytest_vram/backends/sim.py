@@ -11,7 +11,9 @@ caching allocator would hand them out (multiples of 512 bytes), a
 :class:`~pytest_vram.backends.segments.CachingAllocatorModel` replays the allocator's segments
 for reserved memory and out-of-memory, and :class:`~pytest_vram.backends.fakecuda.VirtualCuda`
 makes ``device="cuda"``, ``.cuda()``, ``torch.autocast("cuda")`` and ``torch.cuda.*`` queries
-work on a CPU-only build of PyTorch. See ``docs/sim.md``.
+work on a CPU-only build of PyTorch. Shape-only, :class:`~pytest_vram.backends.known.KnownValues`
+keeps the values known without computing (constants, small real tensors), so that code which
+reads them takes the path a real run takes. See ``docs/sim.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,6 +34,7 @@ from torch._subclasses.fake_tensor import (
 
 from pytest_vram.backends.base import Backend
 from pytest_vram.backends.fakecuda import VirtualCuda
+from pytest_vram.backends.known import KnownValues
 from pytest_vram.backends.segments import CachingAllocatorModel
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 from pytest_vram.units import format_size, parse_size
@@ -47,6 +51,8 @@ __all__ = [
 #: simulated device without a capacity: 1 PiB, more than any model here can ask for.
 UNLIMITED_TOTAL = 1 << 50
 
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -131,6 +137,35 @@ def _user_location(exc: BaseException) -> str | None:
     return location
 
 
+def _grouped_mm(
+    mode: FakeTensorMode, func: Any, types: Any, args: tuple, kwargs: dict[str, Any]
+) -> Any:
+    """``torch._grouped_mm`` as the CPU kernel runs it.
+
+    The meta kernel checks what CUDA's Hopper kernel needs (bfloat16 inputs); the CPU kernel,
+    and CUDA's fallback, multiply float32 and float16 too (a Mixtral's experts in float32 or
+    under autocast). For those, the result is the meta kernel's shape in the input's dtype.
+    """
+    names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    mat_a, mat_b = bound["mat_a"], bound["mat_b"]
+    if (
+        (mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16)
+        or bound.get("bias") is not None
+        or not isinstance(mat_a, FakeTensor)
+        or mat_a.dtype != mat_b.dtype
+    ):
+        return mode.dispatch(func, types, args, kwargs)
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    with in_kernel_invocation_manager(mode):
+        out = _create_grouped_mm_output_tensor(
+            mat_a, mat_b, bound.get("offs"), bound.get("out_dtype")
+        )
+    return FakeTensor(mode, out, mat_a.fake_device)
+
+
 class _SimFakeTensorMode(FakeTensorMode):
     """FakeTensorMode that counts the storages of what each op returns.
 
@@ -150,6 +185,8 @@ class _SimFakeTensorMode(FakeTensorMode):
         super().__init__(allow_non_fake_inputs=True)
         self._observe_output = tracker.observe_output
         self._depth = 0
+        #: What is known of the fake tensors' values without computing them.
+        self.known = KnownValues()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _SimFakeTensorMode:
         # copy.deepcopy(model) copies each fake tensor's __dict__, its mode included; there is
@@ -157,14 +194,24 @@ class _SimFakeTensorMode(FakeTensorMode):
         return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is _LOCAL_SCALAR:
+            # .item(), bool(t): a value known without computing is the value a real run reads.
+            value = self.known.item(args[0])
+            if value is not None:
+                return value
         self._depth += 1
         try:
-            out = self.dispatch(func, types, args, kwargs)
+            if func is _GROUPED_MM:
+                out = _grouped_mm(self, func, types, args, kwargs or {})
+            else:
+                out = self.dispatch(func, types, args, kwargs)
         finally:
             self._depth -= 1
-        # Queries such as prim.device, a third of the ops, return no tensor: skip them cheaply.
-        if self._depth == 0 and isinstance(out, (torch.Tensor, tuple, list)):
-            self._observe_output(func, out)
+        if self._depth == 0:
+            # Queries such as prim.device, a third of the ops, return no tensor: skip them cheaply.
+            if isinstance(out, (torch.Tensor, tuple, list)):
+                self._observe_output(func, out)
+            self.known.after(func, args, kwargs or {}, out)
         return out
 
 
@@ -197,6 +244,7 @@ class SimBackend(Backend):
         #: Why it computes: what the shape-only run failed with, for messages.
         self.computing_reason: str | None = None
         self._counts_now = _on_device
+        self._host_depth = 0
         self._active = False
         self._mode: Any = None
         self._counters_at_start = (0, 0)
@@ -214,7 +262,17 @@ class SimBackend(Backend):
         self._counts_now = _is_host_tensor if computing else _on_device
 
     def _counts(self, tensor: torch.Tensor) -> bool:
-        return self._counts_now(tensor)
+        return self._host_depth == 0 and self._counts_now(tensor)
+
+    @contextlib.contextmanager
+    def host_memory(self) -> Iterator[None]:
+        """Tensors made inside are host memory: the device does not count them (an
+        optimizer's host scalars, such as AdamW's ``step`` counters)."""
+        self._host_depth += 1
+        try:
+            yield
+        finally:
+            self._host_depth -= 1
 
     def counted(self, tensor: torch.Tensor) -> bool:
         """Whether the simulated device counts ``tensor``'s storage (it is on the device)."""
