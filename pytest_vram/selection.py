@@ -19,7 +19,14 @@ from pytest_vram.options import Settings
 if TYPE_CHECKING:
     from pytest_vram.measurement import TestMeasurement
 
-__all__ = ["MARKER_ERROR", "MARKS", "MEASUREMENT", "VRAM_FIXTURES", "Selection"]
+__all__ = [
+    "MARKER_ERROR",
+    "MARKS",
+    "MEASUREMENT",
+    "SIMULATED_RANKS",
+    "VRAM_FIXTURES",
+    "Selection",
+]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
 #: Set on the tests that are measured: their parsed markers.
@@ -28,6 +35,8 @@ MARKS = pytest.StashKey[VramMarks]()
 MARKER_ERROR = pytest.StashKey[MarkerError]()
 #: Set on a measured test while it runs: what the vram fixture hands the test.
 MEASUREMENT: pytest.StashKey[TestMeasurement] = pytest.StashKey()
+#: Set on a vram_world_size test while it runs on the sim: its fake process group.
+SIMULATED_RANKS: pytest.StashKey[Any] = pytest.StashKey()
 
 
 class Selection:

@@ -33,7 +33,7 @@ from pytest_vram.report import (
 )
 from pytest_vram.scenarios import LeakError
 from pytest_vram.seeding import seed_for, seed_generators
-from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
+from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, SIMULATED_RANKS, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.values import COMPUTE, REASON
@@ -141,6 +141,10 @@ class VramSession:
                     f"requires_vram({describe_size(marks.required_as_written)}): the "
                     f"{backend.name} device has {format_size(total)}"
                 )
+        if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun
+            from pytest_vram.fakeranks import ranks_for
+
+            item.stash[SIMULATED_RANKS] = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)
         if self.settings.seed is not None:
             seed_generators(seed_for(self.settings.seed, item.nodeid))
@@ -238,6 +242,9 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         self._current = None
+        ranks = item.stash.get(SIMULATED_RANKS, None)
+        if ranks is not None:
+            ranks.stop()
         self.attribution.end()
         self.snapshots.stop()
         # The call never ran under --setup-only and --setup-plan.

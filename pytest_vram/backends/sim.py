@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -315,6 +316,16 @@ class SimBackend(Backend):
                 self._mode.__exit__(None, None, None)
             finally:
                 self._unlimit_host()
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Ops in the block are not counted: a library's shape inference on fake tensors (as
+        DTensor's), which allocates nothing on a real device."""
+        self.fake_mode._depth += 1  # the mode counts the outputs of depth-0 ops only
+        try:
+            yield
+        finally:
+            self.fake_mode._depth -= 1
 
     @property
     def active(self) -> bool:
