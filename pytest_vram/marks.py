@@ -32,6 +32,7 @@ __all__ = [
     "requires_vram",
     "vram_backend",
     "vram_tolerance",
+    "vram_world_size",
 ]
 
 METRICS = ("allocated", "reserved", "device")
@@ -59,11 +60,18 @@ def requires_vram(size: int | str) -> pytest.MarkDecorator:
     return pytest.mark.requires_vram(size)
 
 
+def vram_world_size(n: int) -> pytest.MarkDecorator:
+    """Run the test as rank 0 of ``n`` ranks: a fake process group on the sim backend, the
+    real ranks under ``torchrun --nproc-per-node=n``; skipped elsewhere."""
+    return pytest.mark.vram_world_size(n)
+
+
 MARKERS: dict[str, Callable[..., Any]] = {
     "max_vram": max_vram,
     "vram_tolerance": vram_tolerance,
     "vram_backend": vram_backend,
     "requires_vram": requires_vram,
+    "vram_world_size": vram_world_size,
 }
 
 MARKER_HELP = {
@@ -73,6 +81,8 @@ MARKER_HELP = {
     "('5%' or a size)",
     "vram_backend": "vram_backend(name): measure this test on backend auto, cuda, cpu or sim",
     "requires_vram": "requires_vram(size): skip when the device has less total memory than size",
+    "vram_world_size": "vram_world_size(n): run as rank 0 of n ranks: a fake process group on "
+    "the sim backend, the real ranks under torchrun --nproc-per-node=n; skipped elsewhere",
 }
 
 
@@ -96,6 +106,7 @@ class VramMarks:
     backend: str | None = None
     required: int | None = None
     required_as_written: int | str | None = None
+    world_size: int | None = None
 
     @property
     def any(self) -> bool:
@@ -104,6 +115,7 @@ class VramMarks:
             or self.tolerance is not None
             or self.backend is not None
             or (self.required is not None)
+            or self.world_size is not None
         )
 
 
@@ -131,6 +143,7 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
     backend: str | None = None
     required: int | None = None
     required_as_written: int | str | None = None
+    world_size: int | None = None
     seen: set[str] = set()
     for mark in marks:
         if mark.name not in MARKERS:
@@ -163,7 +176,14 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
             size = _size(mark.name, args["size"])
             if closest:
                 required, required_as_written = size, args["size"]
-    return VramMarks(tuple(budgets), tolerance, backend, required, required_as_written)
+        elif mark.name == "vram_world_size":
+            n = args["n"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise MarkerError(f"vram_world_size: n must be an int >= 1, got {n!r}")
+            world_size = n if closest else world_size
+    return VramMarks(
+        tuple(budgets), tolerance, backend, required, required_as_written, world_size
+    )
 
 
 def _size(marker: str, value: object) -> int:

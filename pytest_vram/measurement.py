@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_vram.backends.base import Backend
 from pytest_vram.records import TestRecord
@@ -64,6 +64,8 @@ class TestMeasurement:
         self.raised: BaseException | None = None
         #: The memory verdict, once judged.
         self.verdict: Verdict | None = None
+        #: Under ``vram_world_size`` on the sim: the fake process group the test runs in.
+        self.ranks: Any = None
         self._windows: list[PeakWindow] = []
         self._test_window: PeakWindow | None = None
 

@@ -139,6 +139,11 @@ class VramSession:
                     f"requires_vram({describe_size(marks.required_as_written)}): the "
                     f"{backend.name} device has {format_size(total)}"
                 )
+        ranks = None
+        if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun
+            from pytest_vram.fakeranks import ranks_for
+
+            ranks = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)
         nodeid = item.nodeid
         if self.settings.seed is not None:
@@ -148,6 +153,7 @@ class VramSession:
         measurement = TestMeasurement(view_for(item, backend, fixtures), nodeid, device)  # type: ignore[arg-type]
         measurement.marks = marks
         measurement.fixtures = fixtures
+        measurement.ranks = ranks
         # Looked up once: the judge and attribution read the same entry.
         measurement.entry = self.store.entry(device, nodeid)
         if self.snapshots.directory is not None:
@@ -253,6 +259,8 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         self._current = None
+        if measurement.ranks is not None:
+            measurement.ranks.stop()
         if measurement.attributed:
             self.attribution.end()
         if self.snapshots.directory is not None:

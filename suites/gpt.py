@@ -120,9 +120,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
         c = self.config
-        q = self.q_proj(x).view(batch, seq, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        # Heads as -1: under tensor parallelism each rank holds a slice of them.
+        q = self.q_proj(x).view(batch, seq, -1, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, -1, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, -1, c.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             start = cache.length
@@ -133,7 +134,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=cache is None or seq > 1, enable_gqa=True
         )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, c.hidden_size))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

@@ -374,6 +374,16 @@ class SimBackend(Backend):
             finally:
                 self._unlimit_host()
 
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Ops in the block are not counted: a library's shape inference on fake tensors (as
+        DTensor's), which allocates nothing on a real device."""
+        self.fake_mode._depth += 1  # the mode counts the outputs of depth-0 ops only
+        try:
+            yield
+        finally:
+            self.fake_mode._depth -= 1
+
     @property
     def active(self) -> bool:
         """Whether a test is running on the simulated device now."""

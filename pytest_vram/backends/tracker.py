@@ -214,6 +214,19 @@ class StorageTracker:
             else:
                 self._resize(record, size)
 
+    def observe_resize(self, storage: torch.UntypedStorage) -> None:
+        """Count the new size of a counted storage that ``UntypedStorage.resize_`` changed
+        without dispatching an op (FSDP frees and refills its unsharded parameters so)."""
+        record = getattr(storage, self._key, None)
+        if record is None:
+            return
+        nbytes = storage.nbytes()
+        size = nbytes if self._size_of is None else self._size_of(nbytes)
+        if record.size != size:
+            with self._lock:
+                self._apply_releases()
+                self._resize(record, size)
+
     def counted(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is one of the live storages counted."""
         try:

@@ -1,0 +1,256 @@
+"""Simulated ranks: a test marked ``vram_world_size(n)`` runs as rank 0 of ``n`` on the sim.
+
+Before the test's fixtures, torch.distributed is initialised with PyTorch's fake process group
+(``FakeProcessGroup``: collectives complete at once and move no data) for ``n`` ranks, so that
+``fully_shard`` (FSDP2), DDP, DTensor tensor parallelism and pipeline stages run unchanged in
+one process; after its teardown the group is destroyed. The figures are rank 0's: its shards,
+and the buffers its collectives allocate.
+
+While the test runs, three things are patched and put back, object for object:
+
+- ``DeviceMesh``: its rank bookkeeping is plain integer tensors, which FakeTensorMode would
+  make fake (and then fail to read); its methods run with the fake mode unset. A mesh of the
+  virtual CUDA device is a ``cpu`` mesh, since the simulated device's tensors are fake ``cpu``
+  tensors and FSDP2 and DTensor check that a mesh and its tensors agree.
+- ``UntypedStorage.resize_``: FSDP2 frees and refills its unsharded parameters by resizing
+  their storages, which dispatches no op; the tracker is told the new size.
+- DTensor's sharding propagation: it runs each op once more on global-shape fake tensors to
+  learn the output's shape; that allocates nothing on a real rank, and is not counted.
+- DDP: its check that every rank has the same parameter shapes reads the (fake) data, and the
+  fake group's all-reduce gives its reducer no result; with one rank there is nothing to
+  check, and a module that registered no communication hook of its own gets one that
+  averages each bucket in place, as NCCL's all-reduce does, allocating nothing.
+- Pipeline schedules: before the first step the stages vote over point-to-point messages on
+  whether their shapes are static; the fake group delivers no votes, so this rank's stages
+  decide from their own metadata, as every rank of a pipeline built alike would. A stage
+  without ``input_args`` and ``output_args`` needs its neighbours' shapes at run time, which
+  the fake group cannot deliver.
+
+Imported only when such a test runs: it imports torch.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.distributed import device_mesh
+
+__all__ = ["SimulatedRanks", "ranks_for", "skip_reason"]
+
+_MISSING = object()
+
+
+def skip_reason(
+    world_size: int, backend: str, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Why a ``vram_world_size(world_size)`` test cannot run on ``backend`` here; None when it
+    can: on sim (simulated ranks), or under torchrun with ``world_size`` ranks (real ones)."""
+    if backend == "sim":
+        return None
+    environ = os.environ if environ is None else environ
+    ranks = environ.get("WORLD_SIZE")
+    if ranks == str(world_size):
+        return None
+    now = f"{ranks} ranks under torchrun" if ranks else "one process"
+    return (
+        f"vram_world_size({world_size}): needs {world_size} ranks and this run has {now} on the "
+        f"{backend} backend: run it on the simulated device (--vram-backend=sim), or under "
+        f"torchrun --nproc-per-node={world_size}"
+    )
+
+
+def ranks_for(nodeid: str, world_size: int, backend: Any) -> SimulatedRanks | None:
+    """What a ``vram_world_size`` test runs with on ``backend``: started simulated ranks on sim,
+    None for real ranks under torchrun; a skip when neither fits, a failure when a process
+    group is already initialised on sim."""
+    reason = skip_reason(world_size, backend.name)
+    if reason is not None:
+        pytest.skip(reason)
+    if backend.name != "sim":
+        return None
+    if dist.is_available() and dist.is_initialized():
+        pytest.fail(
+            f"usage error in {nodeid}: vram_world_size({world_size}) runs the test in a fake "
+            "process group of its own on the sim backend, and a process group is already "
+            "initialised (a fixture's init_process_group?): leave that to the marker",
+            pytrace=False,
+        )
+    ranks = SimulatedRanks(world_size, backend)
+    ranks.start()
+    return ranks
+
+
+def _unfaked(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+    return call
+
+
+def _mesh_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        if device_type == "cuda":
+            device_type = "cpu"
+        with unset_fake_temporarily():
+            rank_map = kwargs.get("_rank_map")
+            # init_device_mesh made its identity rank map under the fake mode: make it again.
+            if isinstance(rank_map, FakeTensor):
+                kwargs["_rank_map"] = torch.arange(rank_map.numel(), dtype=rank_map.dtype)
+            mesh = kwargs.get("mesh", args[0] if args else None)
+            if isinstance(mesh, FakeTensor):
+                raise ValueError(
+                    "DeviceMesh(device_type, mesh): the mesh tensor was made on the simulated "
+                    "device and has no values; pass the ranks as a list, or use "
+                    "init_device_mesh"
+                )
+            original(self, device_type, *args, **kwargs)
+
+    return __init__
+
+
+def _mesh_replacements() -> Iterator[tuple[str, Any]]:
+    cls = device_mesh.DeviceMesh
+    for name, value in vars(cls).items():
+        if name == "__init__":
+            yield name, _mesh_init(value)
+        elif isinstance(value, staticmethod):
+            yield name, staticmethod(_unfaked(value.__func__))
+        elif isinstance(value, property) and value.fget is not None:
+            yield name, property(_unfaked(value.fget), value.fset, value.fdel, value.__doc__)
+        elif callable(value) and not isinstance(value, type) and name not in ("__hash__", "__eq__"):
+            yield name, _unfaked(value)
+
+
+def _verify_nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _ddp_pre_forward(original: Callable[..., Any], world_size: int) -> Callable[..., Any]:
+    def average_in_place(state: object, bucket: Any) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        buffer.div_(world_size)
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    @functools.wraps(original)
+    def _pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._comm_hooks and not getattr(self, "_pytest_vram_hook", False):
+            self._pytest_vram_hook = True
+            # A built-in hook of the test's own may be registered: it stays.
+            with contextlib.suppress(RuntimeError):
+                dist._register_comm_hook(self.reducer, None, average_in_place)
+        return original(self, *args, **kwargs)
+
+    return _pre_forward
+
+
+def _pipeline_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    @functools.wraps(original)
+    def _warmup_p2p(self: Any, stages: list[Any], has_backward: bool, *args: Any) -> None:
+        if not all(isinstance(stage, PipelineStage) for stage in stages):
+            return original(self, stages, has_backward, *args)
+        for stage in stages:
+            dynamic = InferenceMode.needs_dynamic(stage._user_meta, has_backward)
+            stage._inference_mode = InferenceMode.DYNAMIC if dynamic else InferenceMode.STATIC
+        return None
+
+    return _warmup_p2p
+
+
+class SimulatedRanks:
+    """Rank 0 of a fake process group of ``world_size`` ranks, around one test on the sim."""
+
+    def __init__(self, world_size: int, backend: Any) -> None:
+        self.world_size = world_size
+        self.backend = backend
+        self._saved: list[tuple[object, str, object]] = []
+        self.started = False
+
+    def start(self) -> None:
+        # Importing it registers the "fake" backend with torch.distributed.
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        with unset_fake_temporarily():
+            dist.init_process_group("fake", rank=0, world_size=self.world_size, store=FakeStore())
+        self.started = True
+        try:
+            self._install()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _install(self) -> None:
+        cls = device_mesh.DeviceMesh
+        for name, value in list(_mesh_replacements()):
+            self._patch(cls, name, value)
+        self._patch(torch.UntypedStorage, "resize_", self._storage_resize())
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self._patch(dist, "_verify_params_across_processes", _verify_nothing)
+        self._patch(DDP, "_pre_forward", _ddp_pre_forward(DDP._pre_forward, self.world_size))
+        with contextlib.suppress(ImportError):  # another torch: the vote may be elsewhere
+            from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+            warmup = _PipelineSchedule.__dict__.get("_warmup_p2p")
+            if warmup is not None:
+                self._patch(_PipelineSchedule, "_warmup_p2p", _pipeline_warmup(warmup))
+
+        name = "_propagate_tensor_meta_non_cached"
+        original = ShardingPropagator.__dict__.get(name)
+        if original is not None:
+            self._patch(ShardingPropagator, name, self._uncounted(original))
+
+    def _storage_resize(self) -> Callable[..., Any]:
+        resize = torch.UntypedStorage.resize_
+        observe = self.backend.tracker.observe_resize
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = resize(storage, size)
+            observe(storage)
+            return out
+
+        return resize_
+
+    def _uncounted(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        uncounted = self.backend.uncounted
+
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with uncounted():
+                return original(*args, **kwargs)
+
+        return call
+
+    def _patch(self, owner: Any, name: str, value: object) -> None:
+        # What the class itself defines is put back; a name it inherits is removed again.
+        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def stop(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        if self.started:
+            self.started = False
+            if dist.is_initialized():
+                with unset_fake_temporarily():
+                    dist.destroy_process_group()
