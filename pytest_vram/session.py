@@ -82,6 +82,21 @@ class VramSession:
     def close(self) -> None:
         self.pool.close()
 
+    # -- the run --------------------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session):  # type: ignore[no-untyped-def]
+        # A test that leaves memory allocated gets a full garbage collection, to tell a leak
+        # from a reference cycle. With torch imported that walks millions of objects made at
+        # import and collection, none of them a test's: frozen, they are left out, and a
+        # collection walks what the tests made.
+        gc.collect()
+        gc.freeze()
+        try:
+            return (yield)
+        finally:
+            gc.unfreeze()
+
     # -- the test's phases ----------------------------------------------------------------
 
     # trylast: the innermost wrapper, so the measurement starts right before fixtures are set
