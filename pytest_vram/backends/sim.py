@@ -237,7 +237,7 @@ class SimBackend(Backend):
             allocator=self.segments,
             count_unseen_aliases=False,
         )
-        self.fake_mode = _SimFakeTensorMode(self.tracker)
+        self._fake_mode: _SimFakeTensorMode | None = None
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
         self.computing = False
@@ -252,6 +252,15 @@ class SimBackend(Backend):
         self._host_limit: int | None = None
         self._host_available: int | None = None
         self._saved_data_limit: tuple[int, int] | None = None
+
+    @property
+    def fake_mode(self) -> _SimFakeTensorMode:
+        """The session's FakeTensorMode, made when a shape-only test first needs it: making
+        one imports torch._dynamo, over a second, which a run that only computes never
+        needs."""
+        if self._fake_mode is None:
+            self._fake_mode = _SimFakeTensorMode(self.tracker)
+        return self._fake_mode
 
     def use_values(self, computing: bool, reason: str | None = None) -> None:
         """Run the next test shape-only (False) or on real CPU tensors (True)."""
