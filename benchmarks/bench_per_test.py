@@ -12,7 +12,11 @@ dispatch counter (a ``TorchDispatchMode``), and, without the plugin, a pass-thro
 ``TorchDispatchMode`` around the test functions of every other block: what PyTorch charges for
 handing each op to Python, the floor under the dispatch counter.
 
-    python benchmarks/bench_per_test.py [--tests 4000] [--runs 3]
+    python benchmarks/bench_per_test.py [--tests 4000] [--runs 3] [--against DIR]
+
+``--against DIR`` adds the allocator-counter session with the ``pytest_vram`` package of
+another checkout (``git worktree add DIR COMMIT``) put first on ``sys.path``: the extra time
+of two versions, side by side in the same runs.
 """
 
 from __future__ import annotations
@@ -107,8 +111,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=4000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", type=Path, help="a checkout of another version")
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {name: [] for name in SESSIONS}
+    sessions = dict(SESSIONS)
+    if args.against is not None:
+        sessions[f"the same, pytest_vram of {args.against}"] = (
+            ["--vram-cpu-counter=allocator"],
+            {"PYTHONPATH": str(args.against.resolve())},
+        )
+    runs: dict[str, list[dict]] = {name: [] for name in sessions}
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / "test_blocks.py").write_text(TEST_FILE.format(count=args.tests))
@@ -116,7 +127,7 @@ def main() -> None:
         (root / "conftest.py").write_text(CONFTEST)
         out = root / "medians.json"
         for _ in range(args.runs):
-            for name, (extra, env) in SESSIONS.items():
+            for name, (extra, env) in sessions.items():
                 subprocess.run(
                     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra],
                     cwd=root,
@@ -126,7 +137,7 @@ def main() -> None:
                 )
                 runs[name].append(json.loads(out.read_text()))
     print(f"{args.tests} tests in blocks of 100; medians per test, median of {args.runs} runs")
-    for name in SESSIONS:
+    for name in sessions:
         print(f"{name}:")
         print(f"  {'':<12} {'per test':>10} {'function':>10} {'the rest':>10}")
         rows = {}
