@@ -20,7 +20,7 @@ from pytest_vram.baselines import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
-from pytest_vram.measurement import TestMeasurement
+from pytest_vram.measurement import TestMeasurement, collect_garbage
 from pytest_vram.options import Settings
 from pytest_vram.ownership import broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.pool import BackendPool
@@ -184,9 +184,9 @@ class VramSession:
     def _clean(self, backend: Backend) -> None:
         """Collect what earlier tests left and empty the allocator cache, so that this test
         starts from the same state whatever ran before it."""
-        if backend.allocated() > self._last_end.get(backend.name, 0):
-            # Only when something is left: a full collection costs tens of milliseconds.
-            gc.collect()
+        floor = self._last_end.get(backend.name, 0)
+        if backend.allocated() > floor:
+            collect_garbage(backend, floor)
         backend.release_cache()
 
     @pytest.hookimpl(wrapper=True)
