@@ -11,9 +11,9 @@ later test would not see either.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,32 +102,30 @@ def held_bytes(values: list[Any], backend: Backend) -> int:
 def broader_scoped(item: pytest.Item) -> tuple[str, ...]:
     """The names of ``item``'s fixtures whose scope is broader than the function's.
 
-    Parametrized items share their fixture information; its answer is computed once. Most
-    tests have none, and then nothing of theirs needs to be walked.
+    Parametrized items share their fixture information; the answer is kept on it, computed
+    once. Most tests have none, and then nothing of theirs needs to be walked.
     """
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return ()
-    cached = _BROADER.get(id(info))
-    if cached is not None and cached[0]() is info:
-        return cached[1]
+    found = getattr(info, _BROADER, None)
+    if found is not None:
+        return found
     names = []
     for name in item.fixturenames:  # type: ignore[attr-defined]
         definitions = info.name2fixturedefs.get(name)
         if definitions and definitions[-1].scope != "function":
             names.append(name)
     found = tuple(names)
-    try:
-        key = id(info)
-        _BROADER[key] = (weakref.ref(info, lambda _: _BROADER.pop(key, None)), found)
-    except TypeError:  # an object that takes no weak reference is not cached
-        pass
+    # pytest's FuncFixtureInfo is a frozen dataclass; an object that takes no attribute is
+    # asked again next time.
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(info, _BROADER, found)
     return found
 
 
-#: Per fixture information (by id, with a weak reference that drops the entry): its names of
-#: broader-scoped fixtures.
-_BROADER: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
+#: The attribute of a test's fixture information that keeps :func:`broader_scoped`'s answer.
+_BROADER = "_pytest_vram_broader_scoped"
 
 
 def cached_fixture_values(

@@ -7,10 +7,16 @@ import random
 import sys
 import zlib
 from _random import Random as _CRandom
+from typing import Any
+
+from pytest_vram.importhook import PatchOnImport
 
 _seed_python = _CRandom.seed
+# NumPy's global generator is made when numpy.random is first imported (importing numpy or
+# torch does not import it), and seeded there from the operating system's entropy.
+_NUMPY_RANDOM = "numpy.random"
 
-__all__ = ["DEFAULT_SEED", "seed_for", "seed_generators"]
+__all__ = ["DEFAULT_SEED", "Seeder", "seed_for", "seed_generators"]
 
 #: The seed every measured test starts from unless ``--vram-seed`` says otherwise.
 DEFAULT_SEED = 0
@@ -23,13 +29,13 @@ def seed_for(seed: int, nodeid: str) -> int:
 
 
 def seed_generators(seed: int) -> None:
-    """Seed Python's, NumPy's (where imported) and torch's (where imported) generators."""
+    """Seed Python's, NumPy's and torch's generators, those of them imported."""
     # What random.seed(int) does, without its checks of the argument's type.
     _seed_python(random._inst, seed)  # type: ignore[attr-defined]
     random._inst.gauss_next = None  # type: ignore[attr-defined]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
+    numpy_random = sys.modules.get(_NUMPY_RANDOM)
+    if numpy_random is not None:
+        _seed_numpy(numpy_random, seed)
     torch = sys.modules.get("torch")
     if torch is not None:
         # Not torch.manual_seed: before CUDA is initialised it queues a seeding call for each
@@ -38,3 +44,39 @@ def seed_generators(seed: int) -> None:
         torch.default_generator.manual_seed(seed)
         if torch.cuda.is_initialized():
             torch.cuda.manual_seed_all(seed)
+
+
+def _seed_numpy(numpy_random: Any, seed: int) -> None:
+    numpy_random.seed(seed % 2**32)
+
+
+class Seeder:
+    """Seeds the generators before each measured test of a session, each test with its own
+    seed (:func:`seed_for`).
+
+    NumPy's global generator does not exist until ``numpy.random`` is imported. Until then it is
+    seeded as it is made: a test that first imports it draws from its own seed, as it would had
+    the generator existed when the test started, and the other tests pay nothing for it.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._current = seed
+        self._hook: PatchOnImport | None = None
+
+    def start(self, nodeid: str) -> None:
+        """Seed the generators for the test ``nodeid``, which is about to run."""
+        self._current = current = seed_for(self.seed, nodeid)
+        seed_generators(current)
+        if self._hook is None and _NUMPY_RANDOM not in sys.modules:
+            self._hook = PatchOnImport(_NUMPY_RANDOM, self._numpy_made)
+            self._hook.install()
+
+    def _numpy_made(self, numpy_random: Any) -> None:
+        _seed_numpy(numpy_random, self._current)
+        self.close()  # from now on, seed_generators finds it
+
+    def close(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()

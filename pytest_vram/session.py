@@ -32,7 +32,7 @@ from pytest_vram.report import (
     terminal_lines,
 )
 from pytest_vram.scenarios import LeakError
-from pytest_vram.seeding import seed_for, seed_generators
+from pytest_vram.seeding import Seeder
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
@@ -76,10 +76,13 @@ class VramSession:
         self.attribution = Attribution(getattr(settings, "breakdown", False))
         #: The raw allocation each backend had when its last measured test ended.
         self._last_end: dict[str, int] = {}
+        self.seeder = Seeder(settings.seed) if settings.seed is not None else None
         #: The measurement of the test being set up or run, None between tests.
         self._current: TestMeasurement | None = None
 
     def close(self) -> None:
+        if self.seeder is not None:
+            self.seeder.close()
         self.pool.close()
 
     # -- the run --------------------------------------------------------------------------
@@ -161,8 +164,8 @@ class VramSession:
             ranks = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)
         nodeid = item.nodeid
-        if self.settings.seed is not None:
-            seed_generators(seed_for(self.settings.seed, nodeid))
+        if self.seeder is not None:
+            self.seeder.start(nodeid)
         device = self.pool.device_classes[backend.name]
         fixtures = broader_scoped(item)
         measurement = TestMeasurement(view_for(item, backend, fixtures), nodeid, device)  # type: ignore[arg-type]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 
-from pytest_vram.seeding import seed_for, seed_generators
+from pytest_vram.seeding import Seeder, seed_for, seed_generators
 
 DRAWS = """
 import random
@@ -27,6 +29,7 @@ def test_each_test_has_its_own_seed_the_same_in_every_run() -> None:
 
 def test_seeding_repeats_python_numpy_and_torch_draws() -> None:
     np = pytest.importorskip("numpy")
+    import numpy.random  # noqa: F401 - seeded where imported
     import torch
 
     seed_generators(7)
@@ -35,6 +38,45 @@ def test_seeding_repeats_python_numpy_and_torch_draws() -> None:
     assert (random.random(), np.random.rand(), torch.rand(()).item()) == first
     seed_generators(8)
     assert random.random() != first[0]
+
+
+FIRST_IMPORT = """
+import sys
+from pytest_vram.seeding import Seeder, seed_for
+
+assert "numpy.random" not in sys.modules
+seeder = Seeder(0)
+seeder.start("t.py::a")
+import numpy as np
+
+drawn = np.random.rand()  # numpy.random is imported here, by the test
+np.random.seed(seed_for(0, "t.py::a") % 2**32)
+assert drawn == np.random.rand(), "made by the test, the generator starts from the test's seed"
+assert not any(type(f).__name__ == "PatchOnImport" for f in sys.meta_path)
+seeder.start("t.py::b")  # imported now: seeded directly
+drawn = np.random.rand()
+np.random.seed(seed_for(0, "t.py::b") % 2**32)
+assert drawn == np.random.rand()
+print("ok")
+"""
+
+
+def test_numpy_generator_made_during_a_test_starts_from_the_tests_seed() -> None:
+    pytest.importorskip("numpy")
+    # A fresh interpreter: here numpy.random may have been imported already.
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORT], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_seeder_leaves_no_import_hook_behind() -> None:
+    before = list(sys.meta_path)
+    seeder = Seeder(3)
+    seeder.start("t.py::a")
+    seeder.close()
+    assert sys.meta_path == before
 
 
 def peak(pytester: pytest.Pytester, *args: str) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -42,6 +41,8 @@ from torch.optim import optimizer as _optimizer
 from torch.overrides import TorchFunctionMode
 from torch.utils import _device
 from torch.utils.data._utils import pin_memory as pin_memory_module
+
+from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
 
@@ -572,42 +573,6 @@ def _not_a_fake_tensor(x: Any) -> bool:
     return False
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Applies ``patch(module)`` to a module that is first imported while a test runs."""
-
-    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
-        self.name = name
-        self.patch = patch
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        patch = self.patch
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                patch(module)
-
-        spec.loader = _Loader()
-        return spec
-
-
 def _default_device_context() -> Any:
     """The context ``torch.set_default_device`` entered on this thread, if any."""
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
@@ -635,7 +600,7 @@ class VirtualCuda:
         self._saved: list[tuple[object, str, object]] = []
         self._default_device: Any = None
         self._stance: Any = _MISSING
-        self._finder: _PatchOnImport | None = None
+        self._finder: PatchOnImport | None = None
         self.installed = False
 
     def install(self, computing: bool = False) -> None:
@@ -666,8 +631,8 @@ class VirtualCuda:
         if module is not None:
             patch(module)
             return
-        finder = _PatchOnImport(_TRANSFORMERS_IMPORT_UTILS, patch)
-        sys.meta_path.insert(0, finder)
+        finder = PatchOnImport(_TRANSFORMERS_IMPORT_UTILS, patch)
+        finder.install()
         self._finder = finder
 
     def _force_eager(self) -> None:
@@ -745,8 +710,8 @@ class VirtualCuda:
 
     def _restore(self) -> None:
         finder, self._finder = self._finder, None
-        if finder is not None and finder in sys.meta_path:
-            sys.meta_path.remove(finder)
+        if finder is not None:
+            finder.remove()
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
