@@ -73,7 +73,8 @@ def ranks_for(nodeid: str, world_size: int, backend: Any) -> SimulatedRanks | No
     group is already initialised on sim."""
     reason = skip_reason(world_size, backend.name)
     if reason is not None:
-        pytest.skip(reason)
+        # Reported at the test, as a skip marker's is, not at this line.
+        raise pytest.skip.Exception(reason, _use_item_location=True)
     if backend.name != "sim":
         return None
     if dist.is_available() and dist.is_initialized():

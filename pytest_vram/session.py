@@ -153,9 +153,10 @@ class VramSession:
         if marks.required is not None:
             total = backend.total_memory()
             if total is not None and total < marks.required:
-                pytest.skip(
+                raise pytest.skip.Exception(
                     f"requires_vram({describe_size(marks.required_as_written)}): the "
-                    f"{backend.name} device has {format_size(total)}"
+                    f"{backend.name} device has {format_size(total)}",
+                    _use_item_location=True,  # reported at the test, as a marker's skip is
                 )
         ranks = None
         if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun

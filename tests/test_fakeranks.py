@@ -484,7 +484,8 @@ def test_other_backends_skip_them_with_the_way_to_run_them(pytester: pytest.Pyte
     result.assert_outcomes(passed=1, skipped=4)
     result.stdout.fnmatch_lines(
         [
-            "*vram_world_size(8): needs 8 ranks and this run has one process on the cpu backend:"
+            "SKIPPED [[]*] test_ranks.py:*: vram_world_size(8): needs 8 ranks and this run has one"
+            " process on the cpu backend:"
             " run it on the simulated device (--vram-backend=sim), or under torchrun"
             " --nproc-per-node=8*"
         ]
