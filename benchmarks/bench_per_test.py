@@ -7,7 +7,8 @@ comparison. Prints the median time per test of each kind, split into the test fu
 (where the counter sees each allocation, or each op) and the rest of pytest's protocol (where
 the plugin starts, judges and finishes the measurement).
 
-Sessions: the cpu backend with its default counter (inside PyTorch's CPU allocator), with the
+Sessions: the cpu backend with its default counter (inside PyTorch's CPU allocator), the same
+without seeding the random generators (``--vram-seed=off``: what seeding costs), with the
 dispatch counter (a ``TorchDispatchMode``), and, without the plugin, a pass-through
 ``TorchDispatchMode`` around the test functions of every other block: what PyTorch charges for
 handing each op to Python, the floor under the dispatch counter.
@@ -99,6 +100,10 @@ def pytest_unconfigure(config):
 
 SESSIONS = {
     "cpu backend, allocator counter, on every other block": (["--vram-cpu-counter=allocator"], {}),
+    "the same, --vram-seed=off (no generator seeded)": (
+        ["--vram-cpu-counter=allocator", "--vram-seed=off"],
+        {},
+    ),
     "cpu backend, dispatch counter, on every other block": (["--vram-cpu-counter=dispatch"], {}),
     "pass-through mode on every other block, no plugin": (
         ["-p", "no:vram"],

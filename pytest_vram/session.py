@@ -108,8 +108,7 @@ class VramSession:
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         marks = item.stash.get(MARKS, None)
         if marks is None:  # not measured
-            if self.pool.backends:
-                self.pool.pause_all()
+            self.pool.pause_all()
             return (yield)
         measurement = self._begin(item, marks)
         try:
@@ -145,8 +144,7 @@ class VramSession:
             problem = None
         if problem is not None:
             pytest.fail(problem, pytrace=False)
-        if len(self.pool.backends) > 1:
-            self.pool.pause_all(keep=backend)
+        self.pool.pause_all(keep=backend)
         use_values = getattr(backend, "use_values", None)
         if use_values is not None:  # the simulated device: shape-only, or computing
             use_values(item.stash.get(COMPUTE, False), item.stash.get(REASON, None))
@@ -178,10 +176,8 @@ class VramSession:
         if self.snapshots.directory is not None:
             self.snapshots.start(backend)
         measurement.begin()
-        attribution = self.attribution
-        measurement.attributed = attribution.wants_breakdown(
-            measurement.entry
-        ) and attribution.begin(backend, measurement.entry)
+        if self.attribution.wants_breakdown(measurement.entry):
+            measurement.attributed = self.attribution.begin(backend)
         item.stash[MEASUREMENT] = self._current = measurement
         return measurement
 

@@ -27,11 +27,10 @@ class Attribution:
     def wants_breakdown(self, entry: Mapping[str, Any] | None) -> bool:
         return self.breakdown or entry_categories(entry) is not None
 
-    def begin(self, backend: Any, entry: Mapping[str, Any] | None) -> bool:
-        """Start logging for a breakdown when this test wants one; whether it does."""
+    def begin(self, backend: Any) -> bool:
+        """Start logging for the breakdown of a test that wants one (:meth:`wants_breakdown`);
+        whether ``backend`` can give one."""
         self.end()
-        if not self.wants_breakdown(entry):
-            return False
         from pytest_vram.attribution.breakdown import PeakBreakdown
         from pytest_vram.attribution.sources import TrackerSource
 
