@@ -220,9 +220,11 @@ class SimulatedRanks:
     def _storage_resize(self) -> Callable[..., Any]:
         resize = torch.UntypedStorage.resize_
         observe = self.backend.tracker.observe_resize
+        as_one_op = self.backend.as_one_op
 
         def resize_(storage: torch.UntypedStorage, size: int) -> Any:
-            out = resize(storage, size)
+            with as_one_op():
+                out = resize(storage, size)
             observe(storage)
             return out
 

@@ -1,22 +1,37 @@
 // Counts the bytes that PyTorch's CPU allocator hands out on one thread, with their peak.
 //
 // pytest-vram compiles this file once per torch build (see cpu_allocator.py) and loads it with
-// ctypes: no Python headers are needed, only torch's own C++ headers and libc10.
+// ctypes: no Python headers are needed, only torch's own C++ headers, libc10 and libtorch_cpu.
 //
 // The counting allocator wraps the CPU allocator that was installed before it. Blocks allocated
 // on a thread that a counter watches are counted: their sizes are added to the counter and kept
 // in a table by data pointer, and freeing one (on any thread) takes its size off again. Other
 // blocks are the wrapped allocator's, untouched.
+//
+// An op counter (the simulated device, computing on the CPU) counts what ops return rather
+// than every block: a block allocated while an op runs is counted when the outermost op that
+// reaches a kernel returns, if it is still alive then, so that what a kernel allocates for
+// itself and frees again is never counted. That is what a TorchDispatchMode sees of each op's
+// outputs, at the cost of a RecordFunction callback per op instead of two Python calls; what is
+// allocated outside any op is not counted, as a dispatch mode never sees it. Its
+// sizes are rounded as the CUDA caching allocator rounds them, and each counted block and free
+// is logged, in order, for a model of the caching allocator's segments to replay.
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -36,13 +51,46 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "current and peak are r
 std::atomic<Counter*> g_watching[kSlots];
 thread_local char t_marker;
 
+// An op counter. current and peak come first, where Python reads them, as for Counter.
+struct OpCounter {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::mutex mutex;  // guards what follows
+  // Pairs: (id, size) for a counted block, (-id, 0) for its free.
+  std::vector<int64_t> log;
+  std::vector<int64_t> taken;  // the log as the last take left it, for Python to read
+  int64_t next_id = 0;
+  // Allocations that would take current past limit fail (-1: no limit), with this message
+  // around the size that would have been live.
+  int64_t limit = -1;
+  std::string limit_head;
+  std::string limit_tail;
+};
+static_assert(offsetof(OpCounter, current) == 0, "current is read at offset 0");
+
+// The op counter that watches this thread, and where it is in the ops that run.
+struct OpThread {
+  OpCounter* counter = nullptr;
+  int depth = 0;  // nesting of the ops below the outermost one that reached a kernel
+  int uncounted = 0;  // inside host_memory(): allocations are the host's, not the device's
+  std::vector<void*> pending;  // allocated while the outermost op runs
+  int64_t pending_bytes = 0;
+  at::CallbackHandle callback = 0;
+};
+thread_local OpThread t_op;
+
 // A counted block: its size, the counters that counted it, and the wrapped allocation's own
-// context and deleter, which free it.
+// context and deleter, which free it; for an op counter, its rounded size, its id in the log
+// and whether it still waits for its op to return.
 struct Block {
   size_t nbytes;
   void* context;
   c10::DeleterFnPtr deleter;
   Counter* counters[kSlots];
+  OpCounter* op_counter;
+  int64_t op_size;
+  int64_t op_id;
+  bool pending;
 };
 
 // Counted blocks by data pointer, in shards so that threads freeing blocks rarely contend.
@@ -67,6 +115,34 @@ void add(Counter* counter, int64_t nbytes) {
   }
 }
 
+void add(OpCounter* counter, int64_t nbytes) {
+  int64_t now = counter->current.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  int64_t peak = counter->peak.load(std::memory_order_relaxed);
+  while (now > peak &&
+         !counter->peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+// The block size the CUDA caching allocator hands out for a request: a multiple of 512 bytes.
+int64_t round_like_cuda(size_t nbytes) {
+  constexpr int64_t kMinBlock = 512;
+  int64_t n = static_cast<int64_t>(nbytes);
+  return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
+
+// Counts a block of an op counter; the caller holds the block's shard lock.
+void commit(Block& block) {
+  OpCounter* counter = block.op_counter;
+  block.pending = false;
+  {
+    std::lock_guard<std::mutex> guard(counter->mutex);
+    block.op_id = ++counter->next_id;
+    counter->log.push_back(block.op_id);
+    counter->log.push_back(block.op_size);
+  }
+  add(counter, block.op_size);
+}
+
 // Uncounts and frees a counted block; false when data is not one.
 bool release(void* data) {
   Block block;
@@ -83,6 +159,19 @@ bool release(void* data) {
   for (Counter* counter : block.counters) {
     if (counter != nullptr) {
       counter->current.fetch_sub(static_cast<int64_t>(block.nbytes), std::memory_order_relaxed);
+    }
+  }
+  if (OpCounter* counter = block.op_counter) {
+    if (block.pending) {
+      // A kernel's own temporary, never counted.
+      if (t_op.counter == counter) {
+        t_op.pending_bytes -= block.op_size;
+      }
+    } else {
+      counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> guard(counter->mutex);
+      counter->log.push_back(-block.op_id);
+      counter->log.push_back(0);
     }
   }
   if (block.deleter != nullptr) {
@@ -102,7 +191,8 @@ struct CountingAllocator final : c10::Allocator {
   // wrapped allocation's memory and its data pointer as context, as PyTorch expects of a plain
   // CPU allocation (copy-on-write clones and the raw interface depend on it).
   c10::DataPtr allocate(size_t nbytes) override {
-    Block block{nbytes, nullptr, nullptr, {nullptr, nullptr, nullptr, nullptr}};
+    Block block{nbytes, nullptr, nullptr, {nullptr, nullptr, nullptr, nullptr}, nullptr, 0, 0,
+                false};
     bool counted = false;
     if (nbytes > 0) {
       const void* me = &t_marker;
@@ -112,6 +202,15 @@ struct CountingAllocator final : c10::Allocator {
           block.counters[i] = counter;
           counted = true;
         }
+      }
+      // Outside any op nothing is an op's output: the wrapped number that Python's x * 2
+      // makes of its 2, for one, which a dispatch mode never sees.
+      OpThread& thread = t_op;
+      if (thread.counter != nullptr && thread.uncounted == 0 && thread.depth > 0) {
+        block.op_counter = thread.counter;
+        block.op_size = round_like_cuda(nbytes);
+        check_limit(thread, block.op_size);
+        counted = true;
       }
     }
     c10::DataPtr allocation = wrapped->allocate(nbytes);
@@ -125,7 +224,13 @@ struct CountingAllocator final : c10::Allocator {
     {
       Shard& shard = shard_of(data);
       std::lock_guard<std::mutex> guard(shard.mutex);
-      shard.blocks[data] = block;
+      Block& stored = shard.blocks[data] = block;
+      if (block.op_counter != nullptr) {
+        OpThread& thread = t_op;
+        stored.pending = true;
+        thread.pending.push_back(data);
+        thread.pending_bytes += block.op_size;
+      }
     }
     for (Counter* counter : block.counters) {
       if (counter != nullptr) {
@@ -136,6 +241,45 @@ struct CountingAllocator final : c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+
+  // Refuses an allocation that would take the counter past its limit, before it is made.
+  static void check_limit(const OpThread& thread, int64_t size) {
+    OpCounter* counter = thread.counter;
+    int64_t limit = counter->limit;
+    if (limit < 0) {
+      return;
+    }
+    int64_t needed =
+        counter->current.load(std::memory_order_relaxed) + thread.pending_bytes + size;
+    if (needed <= limit) {
+      return;
+    }
+    std::string message;
+    {
+      std::lock_guard<std::mutex> guard(counter->mutex);
+      message = counter->limit_head + format_size(needed) + counter->limit_tail;
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  }
+
+  // As pytest_vram.units.format_size: "1.50 GiB", below 1 KiB "512 B".
+  static std::string format_size(int64_t n) {
+    char text[64];
+    if (n < 1024) {
+      std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(n));
+      return text;
+    }
+    const char* units[] = {"TiB", "GiB", "MiB"};
+    const double factors[] = {1099511627776.0, 1073741824.0, 1048576.0};
+    for (int i = 0; i < 3; ++i) {
+      if (static_cast<double>(n) >= factors[i]) {
+        std::snprintf(text, sizeof text, "%.2f %s", static_cast<double>(n) / factors[i], units[i]);
+        return text;
+      }
+    }
+    std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(n) / 1024.0);
+    return text;
+  }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -155,6 +299,66 @@ void raw_delete(void* data) {
     fallback(data);
   }
 }
+
+// Whether the op a RecordFunction stands for decomposes into other ops before any kernel runs
+// (CompositeImplicitAutograd): a dispatch mode sees the ops it decomposes into, not it. Records
+// that name no operator are treated alike. Cached by the name's address, which each operator's
+// schema keeps for as long as the operator is registered; the name is compared as well, in case
+// an operator was removed and another took its place.
+bool decomposes(const at::RecordFunction& fn) {
+  struct Entry {
+    std::string name;
+    bool decomposes;
+  };
+  thread_local std::unordered_map<const char*, Entry> cache;
+  const char* name = fn.name();
+  auto found = cache.find(name);
+  if (found != cache.end() && found->second.name == name) {
+    return found->second.decomposes;
+  }
+  bool result = true;
+  if (auto op_name = fn.operator_name()) {
+    auto handle = c10::Dispatcher::singleton().findOp(*op_name);
+    result = handle.has_value() &&
+             handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  }
+  cache[name] = Entry{name, result};
+  return result;
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  OpThread& thread = t_op;
+  if (thread.counter == nullptr) {
+    return nullptr;
+  }
+  if (thread.depth > 0) {
+    ++thread.depth;
+  } else if (!decomposes(fn)) {
+    thread.depth = 1;
+  }
+  return nullptr;
+}
+
+// What the outermost op allocated and still holds when it returns are its outputs (or what it
+// keeps, as a cache): counted now.
+void leave_op(OpThread& thread) {
+  if (thread.depth == 0 || --thread.depth > 0) {
+    return;
+  }
+  for (void* data : thread.pending) {
+    Shard& shard = shard_of(data);
+    std::lock_guard<std::mutex> guard(shard.mutex);
+    auto found = shard.blocks.find(data);
+    if (found != shard.blocks.end() && found->second.pending &&
+        found->second.op_counter == thread.counter) {
+      commit(found->second);
+    }
+  }
+  thread.pending.clear();
+  thread.pending_bytes = 0;
+}
+
+void on_op_end(const at::RecordFunction&, at::ObserverContext*) { leave_op(t_op); }
 
 }  // namespace
 
@@ -212,6 +416,94 @@ int pytest_vram_counter_layout(void) {
 void pytest_vram_reset_peak(void* handle) {
   auto* counter = static_cast<Counter*>(handle);
   counter->peak.store(counter->current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+// Op counters. Like counters they are never freed: a block may outlive its Python object.
+void* pytest_vram_new_op_counter(void) { return new OpCounter(); }
+
+// Start counting op outputs on the calling thread. 0: watching. 1: another op counter is.
+int pytest_vram_op_watch(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  OpThread& thread = t_op;
+  if (thread.counter == counter) {
+    return 0;
+  }
+  if (thread.counter != nullptr) {
+    return 1;
+  }
+  thread.counter = counter;
+  thread.depth = 0;
+  thread.pending.clear();
+  thread.pending_bytes = 0;
+  thread.callback = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(on_op_start, on_op_end).scopes({at::RecordScope::FUNCTION}));
+  return 0;
+}
+
+// Stop counting new allocations on the calling thread; frees of counted blocks still count.
+void pytest_vram_op_unwatch(void* handle) {
+  OpThread& thread = t_op;
+  if (thread.counter != static_cast<OpCounter*>(handle)) {
+    return;
+  }
+  at::removeCallback(thread.callback);
+  thread.callback = 0;
+  thread.counter = nullptr;
+  thread.depth = 0;
+  thread.pending.clear();
+  thread.pending_bytes = 0;
+}
+
+void pytest_vram_op_reset_peak(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  counter->peak.store(counter->current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+// Between enter and leave, the calling thread's allocations count as one op's outputs would.
+void pytest_vram_op_enter(void) {
+  OpThread& thread = t_op;
+  if (thread.counter != nullptr) {
+    ++thread.depth;
+  }
+}
+
+void pytest_vram_op_leave(void) { leave_op(t_op); }
+
+// Inside host_memory() (depth > 0) the calling thread's allocations are not the device's.
+void pytest_vram_op_uncounted(int delta) { t_op.uncounted += delta; }
+
+// Sets the limit (-1: none) and the message of an allocation it refuses.
+void pytest_vram_op_limit(void* handle, int64_t limit, const char* head, const char* tail) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::lock_guard<std::mutex> guard(counter->mutex);
+  counter->limit = limit;
+  counter->limit_head = head != nullptr ? head : "";
+  counter->limit_tail = tail != nullptr ? tail : "";
+}
+
+// Moves the log into the taken buffer and returns its length; pytest_vram_op_taken is where
+// it lies until the next take.
+int64_t pytest_vram_op_take(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::lock_guard<std::mutex> guard(counter->mutex);
+  counter->taken.clear();
+  counter->taken.swap(counter->log);
+  return static_cast<int64_t>(counter->taken.size());
+}
+
+const int64_t* pytest_vram_op_taken(void* handle) {
+  return static_cast<OpCounter*>(handle)->taken.data();
+}
+
+// Whether the block at data is one the op counter counts now.
+int pytest_vram_op_counts(void* handle, void* data) {
+  Shard& shard = shard_of(data);
+  std::lock_guard<std::mutex> guard(shard.mutex);
+  auto found = shard.blocks.find(data);
+  return found != shard.blocks.end() && found->second.op_counter == handle &&
+                 !found->second.pending
+             ? 1
+             : 0;
 }
 
 }  // extern "C"

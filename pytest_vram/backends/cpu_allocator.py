@@ -36,6 +36,7 @@ import torch
 __all__ = [
     "AllocatorCounter",
     "CounterUnavailable",
+    "OpCounter",
     "cache_dir",
     "check_library",
     "find_compiler",
@@ -214,6 +215,7 @@ def _build(compiler: str, target: Path, key: str) -> None:
         partial,
         f"-L{lib}",
         "-lc10",
+        "-ltorch_cpu",
         f"-Wl,-rpath,{lib}",
     ]
     try:
@@ -327,6 +329,17 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_unwatch", None, [handle]),
         ("pytest_vram_counter_layout", ctypes.c_int, []),
         ("pytest_vram_reset_peak", None, [handle]),
+        ("pytest_vram_new_op_counter", handle, []),
+        ("pytest_vram_op_watch", ctypes.c_int, [handle]),
+        ("pytest_vram_op_unwatch", None, [handle]),
+        ("pytest_vram_op_reset_peak", None, [handle]),
+        ("pytest_vram_op_uncounted", None, [ctypes.c_int]),
+        ("pytest_vram_op_enter", None, []),
+        ("pytest_vram_op_leave", None, []),
+        ("pytest_vram_op_limit", None, [handle, ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p]),
+        ("pytest_vram_op_take", ctypes.c_int64, [handle]),
+        ("pytest_vram_op_taken", handle, [handle]),
+        ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
     ]:
         try:
             function = getattr(library, name)
@@ -388,3 +401,84 @@ class AllocatorCounter:
 
     def reset_peak(self) -> None:
         self._library.pytest_vram_reset_peak(self._handle)
+
+
+class OpCounter:
+    """Bytes of what ops return on the watching thread and still alive, rounded as the CUDA
+    caching allocator rounds them, and their peak: the simulated device's count of a test that
+    computes on the CPU.
+
+    A block allocated while an op runs counts once the outermost op that reaches a kernel has
+    returned, if it is still alive; what a kernel allocates and frees again never counts. That
+    is what a ``TorchDispatchMode`` sees of each op's outputs, for a RecordFunction callback in
+    C++ per op. :meth:`take_events` returns, in order, each counted block as ``(id, size)`` and
+    each free as ``(-id, 0)``, flattened, for a model of the allocator's segments.
+    """
+
+    def __init__(self) -> None:
+        self._library = library = load()
+        address = library.pytest_vram_new_op_counter()
+        self._handle = ctypes.c_void_p(address)
+        self._current = ctypes.c_int64.from_address(address)
+        self._peak = ctypes.c_int64.from_address(address + 8)
+        self._uncounted = library.pytest_vram_op_uncounted
+
+    def watch(self) -> None:
+        """Count the calling thread's op outputs from now on."""
+        if not self._library.pytest_vram_installed():
+            raise CounterUnavailable(
+                "PyTorch's CPU allocator was replaced after pytest-vram installed its counter"
+            )
+        if self._library.pytest_vram_op_watch(self._handle) != 0:
+            raise CounterUnavailable("another op counter watches this thread")
+
+    def unwatch(self) -> None:
+        self._library.pytest_vram_op_unwatch(self._handle)
+
+    @property
+    def current(self) -> int:
+        return self._current.value
+
+    @property
+    def peak(self) -> int:
+        return self._peak.value
+
+    def reset_peak(self) -> None:
+        self._library.pytest_vram_op_reset_peak(self._handle)
+
+    def limit(self, nbytes: int | None, head: str = "", tail: str = "") -> None:
+        """Refuse an allocation that would take :attr:`current` past ``nbytes`` (None: no
+        limit) with ``torch.OutOfMemoryError``: ``head``, the bytes that would be live, ``tail``."""
+        self._library.pytest_vram_op_limit(
+            self._handle, -1 if nbytes is None else nbytes, head.encode(), tail.encode()
+        )
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Allocations of the calling thread inside are not counted."""
+        self._uncounted(1)
+        try:
+            yield
+        finally:
+            self._uncounted(-1)
+
+    @contextlib.contextmanager
+    def as_one_op(self) -> Iterator[None]:
+        """What the calling thread allocates inside counts as one op's outputs would."""
+        self._library.pytest_vram_op_enter()
+        try:
+            yield
+        finally:
+            self._library.pytest_vram_op_leave()
+
+    def counts(self, data_ptr: int) -> bool:
+        """Whether the block at ``data_ptr`` is counted now."""
+        return bool(self._library.pytest_vram_op_counts(self._handle, data_ptr))
+
+    def take_events(self) -> list[int]:
+        """The events logged since the last take, flattened pairs (see the class)."""
+        length = self._library.pytest_vram_op_take(self._handle)
+        if length == 0:
+            return []
+        address = self._library.pytest_vram_op_taken(self._handle)
+        return list((ctypes.c_int64 * length).from_address(address))

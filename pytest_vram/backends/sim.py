@@ -3,8 +3,11 @@
 Shape-only, a measured test runs under PyTorch's ``FakeTensorMode``: every tensor carries its
 shape, dtype and storage size but no data, so nothing is computed and a 32B-parameter training
 step takes seconds on a laptop. Computing (``use_values(True)``, for a test that reads values),
-it runs on real CPU tensors, watched by the tracker's dispatch mode; everything else is the
-same, so both give the same figures for the same allocations.
+it runs on real CPU tensors, whose op outputs an
+:class:`~pytest_vram.backends.cpu_allocator.OpCounter` counts inside PyTorch's CPU allocator
+(or, where it cannot be built, with a capacity set, or while attribution listens, the tracker's
+dispatch mode); everything else is the same, so both give the same figures for the same
+allocations.
 
 A :class:`~pytest_vram.backends.tracker.StorageTracker` counts the live storages as the CUDA
 caching allocator would hand them out (multiples of 512 bytes), a
@@ -32,6 +35,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.base import Backend
 from pytest_vram.backends.fakecuda import VirtualCuda
 from pytest_vram.backends.known import KnownValues
@@ -63,12 +67,17 @@ _FRAMEWORK_MARKERS = (
 )
 
 
+_HOST_MESSAGE_START = "the simulated device computes this test's values on the CPU"
+
 #: What computing leaves the rest of the host: a tenth of what was available, at least this.
 HOST_MARGIN = 512 << 20
 
 
-class HostMemoryExceeded(RuntimeError):
-    """Computing a test's values on the CPU would need more memory than the host has."""
+class HostMemoryExceeded(torch.OutOfMemoryError):
+    """Computing a test's values on the CPU would need more memory than the host has.
+
+    The op counter refuses such an allocation with a ``torch.OutOfMemoryError`` of the same
+    message; the tracker, with this subclass of it."""
 
 
 def available_host_memory() -> int | None:
@@ -236,6 +245,7 @@ class SimBackend(Backend):
             on_allocate=self._check_host,
             allocator=self.segments,
             count_unseen_aliases=False,
+            before_listen=self._count_in_python,
         )
         self._fake_mode: _SimFakeTensorMode | None = None
         self.cuda = VirtualCuda(self)
@@ -250,8 +260,17 @@ class SimBackend(Backend):
         self._counters_at_start = (0, 0)
         #: Computing: the most the tracker may count before the host runs out.
         self._host_limit: int | None = None
+        self._host_room: int | None = None
         self._host_available: int | None = None
         self._saved_data_limit: tuple[int, int] | None = None
+        #: Computing: the op counter, made for the first computing test (None until then, or
+        #: where it cannot be built: then the tracker counts).
+        self._ops: cpu_allocator.OpCounter | None = None
+        self._ops_unavailable: str | None = None
+        #: Whether the running test counts with the op counter.
+        self._native = False
+        #: The segment model's block of each block the op counter counts, by its id.
+        self._native_blocks: dict[int, Any] = {}
 
     @property
     def fake_mode(self) -> _SimFakeTensorMode:
@@ -278,14 +297,86 @@ class SimBackend(Backend):
         """Tensors made inside are host memory: the device does not count them (an
         optimizer's host scalars, such as AdamW's ``step`` counters)."""
         self._host_depth += 1
+        native = self._ops if self._native else None
         try:
-            yield
+            if native is None:
+                yield
+            else:
+                with native.uncounted():
+                    yield
         finally:
             self._host_depth -= 1
 
+    @contextlib.contextmanager
+    def as_one_op(self) -> Iterator[None]:
+        """What the block allocates counts as one op's outputs would: a storage resized
+        without dispatching an op (FSDP's), which the op counter would not see otherwise."""
+        native = self._ops if self._native else None
+        if native is None:
+            yield
+        else:
+            with native.as_one_op():
+                yield
+
     def counted(self, tensor: torch.Tensor) -> bool:
         """Whether the simulated device counts ``tensor``'s storage (it is on the device)."""
-        return self.tracker.counted(tensor)
+        if self.tracker.counted(tensor):
+            return True
+        ops = self._ops
+        if ops is None or isinstance(tensor, FakeTensor) or not tensor.is_cpu:
+            return False
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return False
+        data = storage.data_ptr()
+        # An empty storage allocates nothing, on the device as anywhere.
+        return ops.counts(data) if data != 0 else storage.nbytes() == 0
+
+    def _op_counter(self) -> cpu_allocator.OpCounter | None:
+        """The op counter, made on first use; None where it cannot be built or loaded."""
+        if self._ops is None and self._ops_unavailable is None:
+            try:
+                self._ops = cpu_allocator.OpCounter()
+            except cpu_allocator.CounterUnavailable as exc:
+                self._ops_unavailable = str(exc)
+        return self._ops
+
+    def _count_in_python(self) -> None:
+        """Attribution listens to the tracker: the rest of the running test counts there."""
+        if not (self._active and self._native):
+            return
+        ops = self._ops
+        assert ops is not None
+        self._drain()
+        ops.unwatch()
+        ops.limit(None)
+        self._native = False
+        if self._host_room is not None:
+            self._host_limit = self.tracker.current + self._host_room
+        self.tracker.mode.__enter__()
+        self._mode = self.tracker.mode
+
+    def _drain(self) -> None:
+        """Replay what the op counter counted and freed since the last drain on the segments."""
+        ops = self._ops
+        if ops is None:
+            return
+        events = ops.take_events()
+        if not events:
+            return
+        blocks = self._native_blocks
+        malloc, free = self.segments.malloc, self.segments.free
+        pairs = iter(events)
+        for ident, size in zip(pairs, pairs, strict=True):
+            if ident > 0:
+                blocks[ident] = malloc(size)
+            else:
+                free(blocks.pop(-ident))
+
+    def _flush(self) -> None:
+        self._drain()
+        self.tracker.flush()
 
     def _check_host(self, nbytes: int) -> None:
         limit = self._host_limit
@@ -295,16 +386,18 @@ class SimBackend(Backend):
         if needed > limit:
             raise HostMemoryExceeded(self._host_message(needed))
 
-    def _host_message(self, needed: int | None) -> str:
+    def _host_message(self, needed: int | None, *, placeholder: str | None = None) -> str:
+        """What a computing test that the host cannot hold fails with; with ``placeholder``,
+        that text stands where the bytes that would be live go (the op counter fills it in)."""
         available = self._host_available
-        what = (
-            f"{format_size(needed)} of tensors would be live"
-            if needed is not None
-            else "an allocation did not fit"
-        )
+        if placeholder is not None:
+            what = f"{placeholder} of tensors would be live"
+        elif needed is not None:
+            what = f"{format_size(needed)} of tensors would be live"
+        else:
+            what = "an allocation did not fit"
         return (
-            "the simulated device computes this test's values on the CPU, and this host has not "
-            f"the memory for it: {what}, with "
+            f"{_HOST_MESSAGE_START}, and this host has not the memory for it: {what}, with "
             f"{format_size(available) if available is not None else 'an unknown amount'} "
             "available when the test started"
             + (f" (it needs values: {self.computing_reason})" if self.computing_reason else "")
@@ -317,10 +410,16 @@ class SimBackend(Backend):
         available = available_host_memory()
         self._host_available = available
         if available is None:
-            self._host_limit = None
+            self._host_limit = self._host_room = None
             return
-        room = max(0, available - max(HOST_MARGIN, available // 10))
-        self._host_limit = self.tracker.current + room
+        self._host_room = room = max(0, available - max(HOST_MARGIN, available // 10))
+        if self._native:
+            assert self._ops is not None
+            head, _, tail = self._host_message(None, placeholder="\0").partition("\0")
+            self._ops.limit(self.tracker.current + self._ops.current + room, head, tail)
+            self._host_limit = None
+        else:
+            self._host_limit = self.tracker.current + room
         # A kernel writes its output before the tracker sees it: a limit on the process's
         # data makes an allocation that cannot fit fail cleanly instead of waking the
         # kernel's out-of-memory killer.
@@ -339,7 +438,9 @@ class SimBackend(Backend):
         self._saved_data_limit = saved
 
     def _unlimit_host(self) -> None:
-        self._host_limit = None
+        self._host_limit = self._host_room = None
+        if self._ops is not None:
+            self._ops.limit(None)
         saved, self._saved_data_limit = self._saved_data_limit, None
         if saved is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -358,18 +459,48 @@ class SimBackend(Backend):
         self._counters_at_start = (self.segments.num_ooms, self.segments.num_alloc_retries)
         # The dispatch mode first: entering FakeTensorMode reads torch.cuda.is_available(),
         # which must be the real answer.
-        mode = self.tracker.mode if self.computing else self.fake_mode
-        if self.computing:
+        computing = self.computing
+        # A capacity needs its out-of-memory at the allocation, which only the tracker, which
+        # asks the segments at each allocation, can raise; listeners hear from the tracker.
+        native = (
+            computing
+            and self.capacity is None
+            and not self.tracker.listeners
+            and self._op_counter() is not None
+        )
+        mode: Any = None if native else self.tracker.mode if computing else self.fake_mode
+        self._native = native
+        if computing:
             self._limit_host()
-        mode.__enter__()
         try:
-            self.cuda.install(computing=self.computing)
+            if native:
+                assert self._ops is not None
+                self._ops.watch()
+            else:
+                mode.__enter__()
         except BaseException:
-            mode.__exit__(None, None, None)
+            self._native = False
             self._unlimit_host()
+            raise
+        try:
+            self.cuda.install(computing=computing)
+        except BaseException:
+            self._stop_counting(mode)
             raise
         self._mode = mode
         self._active = True
+
+    def _stop_counting(self, mode: Any) -> None:
+        try:
+            if self._native:
+                assert self._ops is not None
+                self._ops.unwatch()
+                self._native = False
+                self._drain()
+            elif mode is not None:
+                mode.__exit__(None, None, None)
+        finally:
+            self._unlimit_host()
 
     def end_test(self) -> None:
         if not self._active:
@@ -378,10 +509,8 @@ class SimBackend(Backend):
         try:
             self.cuda.uninstall()
         finally:
-            try:
-                self._mode.__exit__(None, None, None)
-            finally:
-                self._unlimit_host()
+            mode, self._mode = self._mode, None
+            self._stop_counting(mode)
 
     @contextlib.contextmanager
     def uncounted(self) -> Iterator[None]:
@@ -398,35 +527,44 @@ class SimBackend(Backend):
         """Whether a test is running on the simulated device now."""
         return self._active
 
+    # Both counts go on across tests: the tracker's (shape-only tests, and computing ones it
+    # counts) and the op counter's. A test adds to one of them only, so the sum of their peaks
+    # since the last reset is the peak.
+
     def allocated(self) -> int:
-        return self.tracker.current
+        ops = self._ops
+        return self.tracker.current + (ops.current if ops is not None else 0)
 
     def peak_allocated(self) -> int:
-        return self.tracker.peak
+        ops = self._ops
+        return self.tracker.peak + (ops.peak if ops is not None else 0)
 
     def reset_peak(self) -> None:
+        self._drain()
         self.tracker.reset_peak()
+        if self._ops is not None:
+            self._ops.reset_peak()
         self.segments.reset_peak()
 
     def storage_bytes(self, tensor: torch.Tensor) -> int | None:
-        if not (self.tracker.counted(tensor) if self.computing else _on_device(tensor)):
+        if not (self.counted(tensor) if self.computing else _on_device(tensor)):
             return None
         return round_like_cuda_allocator(tensor.untyped_storage().nbytes())
 
     def reserved(self) -> int | None:
-        self.tracker.flush()  # frees of storages that died reach the segments first
+        self._flush()  # frees of storages that died reach the segments first
         return self.segments.reserved
 
     def peak_reserved(self) -> int | None:
-        self.tracker.flush()
+        self._flush()
         return self.segments.peak_reserved
 
     def release_cache(self) -> None:
-        self.tracker.flush()
+        self._flush()
         self.segments.empty_cache()
 
     def counters(self) -> dict[str, int]:
-        self.tracker.flush()
+        self._flush()
         ooms, retries = self._counters_at_start
         return {
             "num_ooms": self.segments.num_ooms - ooms,
@@ -437,6 +575,7 @@ class SimBackend(Backend):
     def memory_stats_nested(self) -> dict[str, Any]:
         """``torch.cuda.memory_stats_as_nested_dict()`` of the simulated device."""
         allocated, peak = self.allocated(), self.peak_allocated()
+        self._flush()
         seg = self.segments
 
         def stat(current: int, peak: int | None = None) -> dict[str, dict[str, int]]:
@@ -455,8 +594,9 @@ class SimBackend(Backend):
         }
 
     def memory_summary(self) -> str:
-        seg = self.segments
         allocated, peak = self.allocated(), self.peak_allocated()
+        self._flush()
+        seg = self.segments
         capacity = "unlimited" if self.capacity is None else format_size(self.capacity)
         return "\n".join(
             [
@@ -474,7 +614,7 @@ class SimBackend(Backend):
 
     def explain_error(self, exc: BaseException) -> str | None:
         if self.computing:
-            if isinstance(exc, HostMemoryExceeded):
+            if isinstance(exc, HostMemoryExceeded) or _HOST_MESSAGE_START in str(exc):
                 return None  # its message says it all
             if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
                 return self._host_message(None)

@@ -110,6 +110,9 @@ class StorageTracker:
     view, an in-place or an ``out=`` result) never registers a storage the tracker has not
     seen: touching a tensor made before tracking began allocates nothing. The default counts
     such a storage when it first shows up, as the cpu backend always has.
+
+    ``before_listen`` runs before a listener is added: the sim backend, which may count a test
+    elsewhere, then counts it here, where listeners hear of each allocation.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class StorageTracker:
         on_allocate: Callable[[int], None] | None = None,
         allocator: Allocator | None = None,
         count_unseen_aliases: bool = True,
+        before_listen: Callable[[], None] | None = None,
     ) -> None:
         self._counts = counts
         self._size_of = size_of
@@ -135,6 +139,7 @@ class StorageTracker:
         self._current = 0
         self.peak = 0
         self._register_aliases = count_unseen_aliases
+        self._before_listen = before_listen
         self.mode = _TrackingMode(self)
 
     @property
@@ -156,6 +161,8 @@ class StorageTracker:
             self.peak = self._current
 
     def add_listener(self, listener: AllocationListener) -> None:
+        if self._before_listen is not None:
+            self._before_listen()
         with self._lock:
             self._apply_releases()  # frees from before belong to no listener
             self.listeners = (*self.listeners, listener)

@@ -1,0 +1,242 @@
+"""The op counter: what ops return, counted inside PyTorch's CPU allocator, as the sim backend
+counts a test that computes. Its figures must be the dispatch tracker's, op for op."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_vram.backends import cpu_allocator
+from pytest_vram.backends.segments import CachingAllocatorModel
+from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
+MiB = 1 << 20
+
+try:
+    cpu_allocator.load()
+except cpu_allocator.CounterUnavailable as exc:  # pragma: no cover - no compiler here
+    pytest.skip(f"the counting allocator is unavailable: {exc}", allow_module_level=True)
+
+
+@pytest.fixture
+def ops() -> Iterator[cpu_allocator.OpCounter]:
+    counter = cpu_allocator.OpCounter()
+    counter.watch()
+    try:
+        yield counter
+    finally:
+        counter.unwatch()
+
+
+def replay(events: list[int], model: CachingAllocatorModel, blocks: dict[int, object]) -> None:
+    for i in range(0, len(events), 2):
+        ident, size = events[i], events[i + 1]
+        if ident > 0:
+            blocks[ident] = model.malloc(size)
+        else:
+            model.free(blocks.pop(-ident))
+
+
+def test_an_op_output_counts_rounded_as_the_cuda_allocator_rounds(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    before = ops.current
+    x = torch.ones(100)  # 400 bytes: one 512-byte block
+    assert ops.current - before == 512
+    y = torch.ones(1000)  # 4000 bytes: 4096
+    assert ops.current - before == 512 + 4096
+    assert ops.counts(x.untyped_storage().data_ptr())
+    del x, y
+    assert ops.current == before
+
+
+@pytest.mark.parametrize(
+    "op",
+    [lambda x: tuple(x.median(dim=0)), lambda x: (torch.unique(x),)],
+    ids=["median", "unique"],
+)
+def test_what_a_kernel_allocates_and_frees_for_itself_never_counts(
+    ops: cpu_allocator.OpCounter, op: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+) -> None:
+    x = torch.randn(256, 256)
+    everything = cpu_allocator.AllocatorCounter()
+    everything.watch()
+    try:
+        ops.reset_peak()
+        everything.reset_peak()
+        start = ops.current
+        outputs = op(x)
+    finally:
+        everything.unwatch()
+    returned = sum(round_like_cuda_allocator(t.untyped_storage().nbytes()) for t in outputs)
+    # The kernel's own buffers reach the allocator, as they reach the CUDA allocator...
+    assert everything.peak > 4 * returned
+    # ...but a dispatch mode sees the outputs only, and so does the op counter.
+    assert ops.current - start == returned
+    assert ops.peak - start == returned
+
+
+def test_what_python_makes_outside_any_op_is_not_counted(ops: cpu_allocator.OpCounter) -> None:
+    x = torch.ones(1024)
+    ops.reset_peak()
+    start = ops.current
+    y = x * 2  # Python wraps the 2 in a tensor before the op: a dispatch mode never sees it
+    assert ops.current - start == 4096
+    assert ops.peak - start == 4096
+    del y
+
+
+def test_host_memory_and_other_threads_are_not_counted(ops: cpu_allocator.OpCounter) -> None:
+    start = ops.current
+    with ops.uncounted():
+        host = torch.zeros(1024)
+    made: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: made.append(torch.zeros(1024)))
+    thread.start()
+    thread.join()
+    assert ops.current == start
+    assert not ops.counts(host.untyped_storage().data_ptr())
+
+
+def test_a_storage_resized_outside_any_op_counts_inside_as_one_op(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    storage = torch.ones(1024).untyped_storage()
+    start = ops.current
+    storage.resize_(8192)
+    assert ops.current == start - 4096  # the old block went; the new one was not seen
+    with ops.as_one_op():
+        storage.resize_(16384)
+    assert ops.current == start - 4096 + 16384
+
+
+def test_the_log_holds_each_counted_block_and_free_in_order(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    ops.take_events()
+    x = torch.ones(1024)
+    y = torch.ones(100)
+    del x
+    events = ops.take_events()
+    assert len(events) == 6
+    (first, first_size), (second, second_size), (freed, zero) = zip(
+        events[::2], events[1::2], strict=True
+    )
+    assert (first_size, second_size, zero) == (4096, 512, 0)
+    assert second > first > 0 and freed == -first
+    assert ops.take_events() == []
+    del y
+
+
+def test_a_limit_refuses_the_allocation_with_the_message_and_the_size(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    ops.limit(ops.current + 1 * MiB, "head: ", " would be live")
+    try:
+        kept = torch.empty(512 * 1024, dtype=torch.uint8)
+        with pytest.raises(torch.OutOfMemoryError, match=r"^head: 2\.50 MiB would be live"):
+            torch.empty(2 * MiB, dtype=torch.uint8)
+        del kept
+    finally:
+        ops.limit(None)
+    torch.empty(2 * MiB, dtype=torch.uint8)  # no limit any more
+
+
+def _mlp_step() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 10))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        x = torch.randn(32, 64)
+        loss = nn.functional.cross_entropy(model(x), torch.randint(0, 10, (32,)))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    del loss
+
+
+def _conv_step() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)
+    )
+    out = model(torch.randn(4, 3, 32, 32))
+    out.sum().backward()
+    with torch.no_grad():
+        model.eval()
+        model(torch.randn(2, 3, 32, 32)).softmax(dim=1)
+
+
+def _attention() -> None:
+    q, k, v = (torch.randn(2, 4, 128, 32, requires_grad=True) for _ in range(3))
+    out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+
+
+def _in_place_views_and_out() -> None:
+    x = torch.zeros(64, 64)
+    x[:8].add_(1).mul_(2)
+    y = x.t().contiguous().view(-1)
+    out = torch.empty(0)
+    torch.mul(x, 3, out=out)  # resizes out
+    torch.cat([x, y.view(64, 64)], dim=0, out=torch.empty(10))
+    del y, out
+
+
+@pytest.mark.parametrize(
+    "code",
+    [_mlp_step, _conv_step, _attention, _in_place_views_and_out],
+    ids=["mlp-adamw", "conv-batchnorm", "sdpa", "in-place-views-out"],
+)
+def test_the_figures_are_the_dispatch_trackers(code: Callable[[], None]) -> None:
+    def is_cpu(tensor: torch.Tensor) -> bool:
+        return tensor.is_cpu
+
+    dispatch_model = CachingAllocatorModel()
+    tracker = StorageTracker(
+        counts=is_cpu,
+        size_of=round_like_cuda_allocator,
+        allocator=dispatch_model,
+        count_unseen_aliases=False,
+    )
+    with tracker.mode:
+        code()
+    tracker.flush()
+
+    op_model, blocks = CachingAllocatorModel(), {}
+    counter = cpu_allocator.OpCounter()
+    counter.watch()
+    try:
+        code()
+    finally:
+        counter.unwatch()
+    replay(counter.take_events(), op_model, blocks)
+
+    assert (counter.current, counter.peak) == (tracker.current, tracker.peak)
+    assert counter.peak > 0
+    assert (op_model.reserved, op_model.peak_reserved, op_model.num_device_alloc) == (
+        dispatch_model.reserved,
+        dispatch_model.peak_reserved,
+        dispatch_model.num_device_alloc,
+    )
+
+
+def test_a_computing_sim_test_pushes_no_dispatch_mode() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    backend = SimBackend()
+    backend.use_values(True)
+    backend.begin_test()
+    try:
+        assert _get_current_dispatch_mode() is None
+        x = torch.ones(1024, device="cuda")
+        assert backend.allocated() == 4096
+        assert backend.storage_bytes(x) == 4096
+        assert backend.reserved() == 2 * MiB
+        assert torch.cuda.memory_allocated() == 4096
+    finally:
+        backend.end_test()
