@@ -14,6 +14,7 @@ from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.segments import CachingAllocatorModel
 from pytest_vram.backends.sim import SimBackend
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
+
 MiB = 1 << 20
 
 try:
