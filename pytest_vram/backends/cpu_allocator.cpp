@@ -21,7 +21,10 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstddef>
@@ -504,6 +507,39 @@ int pytest_vram_op_counts(void* handle, void* data) {
                  !found->second.pending
              ? 1
              : 0;
+}
+
+// A build of PyTorch without CUDA has no device guard for CUDA devices, and code that sets the
+// device of a tensor it makes (torch.tensor(..., device="cuda")) stops there. While the
+// simulated device computes, a guard that does nothing stands in; it never replaces a real one.
+// 0: done. 1: a real CUDA guard is registered, left in place.
+int pytest_vram_cuda_guard(int on) {
+  static const c10::impl::DeviceGuardImplInterface* const fake =
+      new c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>();
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+  const c10::impl::DeviceGuardImplInterface* current = slot.load();
+  if (current != nullptr && current != fake) {
+    return 1;
+  }
+  slot.store(on ? fake : nullptr);
+  if (!on) {
+    // Making a CUDA tensor asked torch.cuda._lazy_init, which the simulated device answered;
+    // PyTorch remembers that it did. Forget it, so that the next one asks again, and the build
+    // says again that it has no CUDA.
+    using SetRequiresInit = void (*)(c10::DeviceType, bool);
+    static auto set_requires_init = []() -> SetRequiresInit {
+      // torch._C loaded libtorch_python for itself (RTLD_LOCAL): ask that copy.
+      void* library = dlopen("libtorch_python.so", RTLD_LAZY | RTLD_NOLOAD);
+      void* symbol = library != nullptr
+          ? dlsym(library, "_ZN5torch5utils24set_requires_device_initEN3c1010DeviceTypeEb")
+          : nullptr;
+      return reinterpret_cast<SetRequiresInit>(symbol);
+    }();
+    if (set_requires_init != nullptr) {
+      set_requires_init(c10::DeviceType::CUDA, true);
+    }
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -340,6 +340,7 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_take", ctypes.c_int64, [handle]),
         ("pytest_vram_op_taken", handle, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
+        ("pytest_vram_cuda_guard", ctypes.c_int, [ctypes.c_int]),
     ]:
         try:
             function = getattr(library, name)

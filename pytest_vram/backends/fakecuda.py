@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device
 from torch.utils.data._utils import pin_memory as pin_memory_module
 
+from pytest_vram.backends import cudaremap
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
@@ -282,6 +283,8 @@ _HOST_FACTORIES = frozenset(
     {torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.zeros, torch.ones, torch.full,
      torch.empty}
 )  # fmt: skip
+# The originals: computing, the names in torch may be replaced by wrappers (cudaremap).
+_COPYING_FACTORIES = (torch.tensor, torch.as_tensor)
 
 
 def _stepping_optimizer() -> Any:
@@ -307,7 +310,7 @@ def _host_scalar(func: Callable, args: tuple, kwargs: dict | None) -> bool:
     device = kwargs.get("device") if kwargs else None
     if device is not None and is_cuda_device(device):
         return False
-    if func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], torch.Tensor):
+    if func in _COPYING_FACTORIES and args and isinstance(args[0], torch.Tensor):
         return False
     if torch.get_default_device().type == "cuda":
         return False
@@ -425,7 +428,9 @@ def _autocast_init(original: Callable) -> Callable:
         enabled: bool = True,
         cache_enabled: bool | None = None,
     ) -> None:
-        if isinstance(device_type, str) and device_type == "cuda":
+        # Computing without the function mode, a CUDA autocast enters it (cudaremap).
+        self._pytest_vram_cuda = isinstance(device_type, str) and device_type == "cuda"
+        if self._pytest_vram_cuda:
             # CUDA's default low precision is float16, the CPU's bfloat16.
             dtype = _get_autocast_dtype("cuda") if dtype is None else dtype
             device_type = "cpu"
@@ -527,6 +532,7 @@ class _DeviceGuard:
 
 _STREAM = _Stream()
 _MISSING = object()
+_INHERITED = object()  # a class attribute set over an inherited one: restoring deletes it
 
 
 # The simulated device's tensors are CPU tensors, drawn from the CPU generator: CUDA's random
@@ -597,6 +603,10 @@ class VirtualCuda:
             True: CudaRemapMode(on_device=device.counted, host_memory=host_memory),
         }
         self._mode = self._modes[False]
+        self._host_memory = host_memory
+        # Computing on a build without CUDA: devices are remapped below Python (cudaremap).
+        self._below_python: bool | None = None
+        self._remapping_below = False
         self._saved: list[tuple[object, str, object]] = []
         self._default_device: Any = None
         self._stance: Any = _MISSING
@@ -609,17 +619,35 @@ class VirtualCuda:
         self._saved = []
         self._default_device = _default_device_context()
         self._mode = self._modes[computing]
+        below = computing and self._can_remap_below_python()
         try:
             for owner, name, value in self._replacements(computing):
                 self._patch(owner, name, value)
             self._force_eager()
             if not computing:
                 self._answer_not_tracing()
-            self._mode.__enter__()
+            if below:
+                for owner, name, value in cudaremap.replacements(
+                    _special_methods(self._device.counted),
+                    _HOST_FACTORIES,
+                    _host_scalar,
+                    self._host_memory,
+                    self._mode,
+                ):
+                    self._shadow(owner, name, value)
+                cudaremap.activate()
+                self._remapping_below = True
+            else:
+                self._mode.__enter__()
         except BaseException:
             self._restore()
             raise
         self.installed = True
+
+    def _can_remap_below_python(self) -> bool:
+        if self._below_python is None:
+            self._below_python = cudaremap.available()
+        return self._below_python
 
     def _answer_not_tracing(self) -> None:
         """Make transformers' ``is_tracing(tensor)`` answer as in a real run (False)."""
@@ -675,7 +703,11 @@ class VirtualCuda:
             return
         self.installed = False
         try:
-            self._mode.__exit__(None, None, None)
+            if self._remapping_below:
+                self._remapping_below = False
+                cudaremap.deactivate()
+            else:
+                self._mode.__exit__(None, None, None)
         finally:
             self._restore()
             self._restore_stance()
@@ -708,13 +740,29 @@ class VirtualCuda:
         self._saved.append((owner, name, original))
         setattr(owner, name, value)
 
+    def _shadow(self, owner: object, name: str, value: object) -> None:
+        """Set ``name`` on ``owner`` (a class may inherit it), as restoring will undo."""
+        if isinstance(owner, type) and name not in owner.__dict__:
+            if not hasattr(owner, name):
+                return
+            self._saved.append((owner, name, _INHERITED))
+            setattr(owner, name, value)
+        else:
+            self._patch(owner, name, value)
+
     def _restore(self) -> None:
         finder, self._finder = self._finder, None
         if finder is not None:
             finder.remove()
+        if self._remapping_below:
+            self._remapping_below = False
+            cudaremap.deactivate()
         while self._saved:
             owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
     def _replacements(self, computing: bool) -> Iterator[tuple[object, str, object]]:
         dev = self._device

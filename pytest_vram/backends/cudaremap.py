@@ -1,0 +1,194 @@
+"""CUDA device arguments on a build of PyTorch without CUDA, below Python.
+
+Shape-only, the simulated device sends ``device="cuda"`` to the CPU with a function mode
+(:class:`~pytest_vram.backends.fakecuda.CudaRemapMode`), which costs every call of a torch
+function a Python call: more than the op itself when tensors are small. A test that computes
+its values on a build without CUDA gets the same answers from below Python instead, where an op
+that names no device costs nothing more:
+
+- the two ops that every factory and copy allocates through, ``empty.memory_format`` and
+  ``empty_strided``, get kernels for the CUDA dispatch key that allocate on the CPU, so that
+  whatever asks for a CUDA tensor gets a CPU one;
+- CUDA devices get a device guard that does nothing (the build has none), for the code that
+  sets the device of what it makes, as ``torch.tensor(data, device="cuda")`` does.
+
+The few calls whose meaning on the simulated device is not a copy to the CPU stay Python's,
+as in the function mode: ``Tensor.to`` and ``Tensor.cuda`` of a tensor already on the device
+return it, pinning is a no-op, an optimizer's host scalars (AdamW's ``step``) are host memory,
+and inside ``torch.autocast("cuda")`` the function mode runs, for CUDA's autocast op lists.
+
+On a build with CUDA nothing here is used: its CUDA kernels are never replaced.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.amp.autocast_mode
+
+from pytest_vram.backends import cpu_allocator
+
+__all__ = ["activate", "available", "deactivate", "replacements"]
+
+_CPU = torch.device("cpu")
+_NOT_COMPILED = "Torch not compiled with CUDA enabled"
+_library: torch.library.Library | None = None
+_active = False
+
+
+class _Checking(threading.local):
+    active = False
+
+
+_checking = _Checking()
+
+
+def available() -> bool:
+    """Whether this build lacks CUDA and the counting library (which holds the guard) loads."""
+    if torch.backends.cuda.is_built():
+        return False
+    try:
+        cpu_allocator.load()
+    except cpu_allocator.CounterUnavailable:
+        return False
+    return True
+
+
+# The kernels of the CUDA dispatch key: the schemas' keyword arguments, a CPU allocation.
+def _empty(
+    size: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> torch.Tensor:
+    if not _active:
+        raise AssertionError(_NOT_COMPILED)
+    return torch.empty(size, dtype=dtype, layout=layout, device=_CPU, memory_format=memory_format)
+
+
+def _empty_strided(
+    size: Any,
+    stride: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    if not _active:
+        raise AssertionError(_NOT_COMPILED)
+    return torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=_CPU)
+
+
+def activate() -> None:
+    """Make CUDA tensors CPU ones until :func:`deactivate`; call only where :func:`available`."""
+    global _library, _active
+    if _library is None:
+        # Registered once a process: the kernels refuse, as the build would, while inactive.
+        library = torch.library.Library("aten", "IMPL")
+        library.impl("empty.memory_format", _empty, "CUDA")
+        library.impl("empty_strided", _empty_strided, "CUDA")
+        _library = library
+    if cpu_allocator.load().pytest_vram_cuda_guard(1) != 0:
+        raise RuntimeError("a CUDA device guard is registered in a build without CUDA")
+    _active = True
+
+
+def deactivate() -> None:
+    global _active
+    _active = False
+    cpu_allocator.load().pytest_vram_cuda_guard(0)
+
+
+def _is_cuda(device: object) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def _factory(
+    original: Callable[..., torch.Tensor],
+    host_scalar: Callable[[Callable, tuple, dict | None], bool],
+    host_memory: Callable[[], Any] | None,
+) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def make(*args: Any, **kwargs: Any) -> torch.Tensor:
+        # The check makes tensors itself (torch.get_default_device does), as the originals.
+        if host_memory is not None and not _checking.active:
+            _checking.active = True
+            try:
+                host = host_scalar(original, args, kwargs)
+            finally:
+                _checking.active = False
+            if host:
+                with host_memory():
+                    return original(*args, **kwargs)
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and _is_cuda(device):
+                kwargs["device"] = _CPU
+            if kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
+        return original(*args, **kwargs)
+
+    return make
+
+
+def _method(special: Callable, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return special(original, (self, *args), kwargs)
+
+    return method
+
+
+def _autocast_with_mode(mode: Any) -> Iterator[tuple[object, str, object]]:
+    """``torch.autocast("cuda")`` blocks run under ``mode``, which applies CUDA's op lists."""
+    autocast = torch.amp.autocast_mode.autocast
+    enter, leave = autocast.__enter__, autocast.__exit__
+
+    def __enter__(self: Any) -> Any:
+        result = enter(self)
+        if getattr(self, "_pytest_vram_cuda", False):
+            mode.__enter__()
+            self.__dict__.setdefault("_pytest_vram_modes", []).append(mode)
+        return result
+
+    def __exit__(self: Any, *exc: Any) -> Any:
+        modes = self.__dict__.get("_pytest_vram_modes")
+        if modes:
+            modes.pop().__exit__(None, None, None)
+        return leave(self, *exc)
+
+    yield autocast, "__enter__", __enter__
+    yield autocast, "__exit__", __exit__
+
+
+def replacements(
+    specials: dict[Callable, Callable],
+    host_factories: frozenset[Callable],
+    host_scalar: Callable[[Callable, tuple, dict | None], bool],
+    host_memory: Callable[[], Any] | None,
+    autocast_mode: Any,
+) -> Iterator[tuple[object, str, object]]:
+    """What to set, as ``(owner, name, value)``, while a computing test runs: the tensor
+    methods of ``specials`` (the function mode's replacements, called with the original, the
+    arguments and the keyword arguments), the factories of an optimizer's host scalars, the
+    CUDA lazy initialisation (a no-op) and autocast's entry and exit."""
+    for original, special in specials.items():
+        name = getattr(original, "__name__", None)
+        if name is not None and name != "__format__":
+            yield torch.Tensor, name, _method(special, original)
+    for original in host_factories:
+        yield torch, original.__name__, _factory(original, host_scalar, host_memory)
+    yield torch.cuda, "_lazy_init", lambda: None
+    yield from _autocast_with_mode(autocast_mode)
