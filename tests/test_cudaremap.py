@@ -42,8 +42,13 @@ def test_a_computing_test_runs_under_no_function_mode_with_real_values() -> None
         assert (x * y).sum().item() == 3.0 + 2 * 12.0
         assert torch.randn(4, 4, device=torch.device("cuda", 0)).std().item() > 0
         assert torch.zeros(3, device="cuda", pin_memory=True).tolist() == [0.0, 0.0, 0.0]
+        # Pinned host memory needs a CUDA runtime: here it is plain memory.
+        assert not torch.empty_like(x, device="cpu", pin_memory=True).is_pinned()
+        assert x.new_zeros(2, pin_memory=True).tolist() == [0.0, 0.0]
         # Counted as the CUDA allocator hands them out: 512 bytes a tensor this small.
         assert backend.allocated() == 2 * 512
+    assert torch.empty_like is torch._C._VariableFunctions.empty_like
+    assert "new_zeros" not in torch.Tensor.__dict__
 
 
 def test_moving_to_the_device_copies_only_what_was_not_on_it() -> None:

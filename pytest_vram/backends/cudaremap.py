@@ -115,21 +115,37 @@ def _is_cuda(device: object) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+# Factories that take pin_memory=: pinning needs a CUDA runtime; here it is plain memory. The
+# rest of the factories reach the CUDA kernels above with their device, pinning nothing.
+_PINNING_FACTORIES = ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones",
+                      "ones_like", "full", "full_like", "rand", "rand_like", "randn", "randn_like",
+                      "randint", "randint_like", "randperm", "arange", "linspace", "logspace",
+                      "eye", "tensor", "scalar_tensor")  # fmt: skip
+_PINNING_METHODS = ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+                    "new_tensor")  # fmt: skip
+
+
 def _factory(
     original: Callable[..., torch.Tensor],
-    host_scalar: Callable[[Callable, tuple, dict | None], bool],
+    host_scalar: Callable[[Callable, tuple, dict | None], bool] | None,
     host_memory: Callable[[], Any] | None,
 ) -> Callable[..., torch.Tensor]:
+    """``original`` with its device sent to the CPU, pinning nothing; with ``host_scalar``,
+    what it makes of an optimizer's host scalars is host memory."""
+    if host_memory is None:
+        host_scalar = None
+
     @functools.wraps(original)
     def make(*args: Any, **kwargs: Any) -> torch.Tensor:
         # The check makes tensors itself (torch.get_default_device does), as the originals.
-        if host_memory is not None and not _checking.active:
+        if host_scalar is not None and not _checking.active:
             _checking.active = True
             try:
                 host = host_scalar(original, args, kwargs)
             finally:
                 _checking.active = False
             if host:
+                assert host_memory is not None
                 with host_memory():
                     return original(*args, **kwargs)
         if kwargs:
@@ -182,13 +198,23 @@ def replacements(
 ) -> Iterator[tuple[object, str, object]]:
     """What to set, as ``(owner, name, value)``, while a computing test runs: the tensor
     methods of ``specials`` (the function mode's replacements, called with the original, the
-    arguments and the keyword arguments), the factories of an optimizer's host scalars, the
-    CUDA lazy initialisation (a no-op) and autocast's entry and exit."""
+    arguments and the keyword arguments), the factories that pin or make an optimizer's host
+    scalars, the CUDA lazy initialisation (a no-op) and autocast's entry and exit."""
     for original, special in specials.items():
         name = getattr(original, "__name__", None)
         if name is not None and name != "__format__":
             yield torch.Tensor, name, _method(special, original)
-    for original in host_factories:
-        yield torch, original.__name__, _factory(original, host_scalar, host_memory)
+    made = {original.__name__: original for original in host_factories}
+    for name in _PINNING_FACTORIES:
+        original = getattr(torch, name, None)
+        if original is not None:
+            made.setdefault(name, original)
+    for name, original in made.items():
+        check = host_scalar if original in host_factories else None
+        yield torch, name, _factory(original, check, host_memory)
+    for name in _PINNING_METHODS:
+        original = getattr(torch.Tensor, name, None)
+        if original is not None:
+            yield torch.Tensor, name, _factory(original, None, None)
     yield torch.cuda, "_lazy_init", lambda: None
     yield from _autocast_with_mode(autocast_mode)
