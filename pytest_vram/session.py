@@ -79,6 +79,8 @@ class VramSession:
         self.seeder = Seeder(settings.seed) if settings.seed is not None else None
         #: The measurement of the test being set up or run, None between tests.
         self._current: TestMeasurement | None = None
+        #: What :func:`broader_scoped` has worked out, for the tests that share it.
+        self._broader: dict[int, Any] = {}
 
     def close(self) -> None:
         if self.seeder is not None:
@@ -166,7 +168,7 @@ class VramSession:
         if self.seeder is not None:
             self.seeder.start(nodeid)
         device = self.pool.device_classes[backend.name]
-        fixtures = broader_scoped(item)
+        fixtures = broader_scoped(item, self._broader)
         measurement = TestMeasurement(view_for(item, backend, fixtures), nodeid, device)  # type: ignore[arg-type]
         measurement.marks = marks
         measurement.fixtures = fixtures
