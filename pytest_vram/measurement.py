@@ -96,14 +96,16 @@ class TestMeasurement:
 
     def finish_call(self) -> None:
         """Freeze the peaks of setup and call; call when the test body has returned."""
-        if self._test_window is None:
+        window = self._test_window
+        if window is None:
             return
-        self.close_window(self._test_window)
-        window, self._test_window = self._test_window, None
-        self.record.peak_allocated = window.allocated
-        self.record.peak_reserved = window.reserved
-        self.record.peak_device = window.device
-        self.record.counters = self.backend.counters()
+        self.close_window(window)
+        self._test_window = None
+        record = self.record
+        record.peak_allocated = window.allocated
+        record.peak_reserved = window.reserved
+        record.peak_device = window.device
+        record.counters = self.backend.counters()
 
     def end(self) -> None:
         """Read what the test left allocated; call after its teardown."""
