@@ -387,6 +387,8 @@ class BaselineStore:
         return found
 
     def entry(self, device: str, nodeid: str) -> dict[str, int] | None:
+        if not self.files:  # a run without baseline files: asked for every measured test
+            return None
         baseline = self.get(device)
         return None if baseline is None else baseline.entries.get(nodeid)
 

@@ -119,8 +119,19 @@ class VramMarks:
         )
 
 
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    # Made once per marker function: collection binds the markers of every test.
+    signature = _SIGNATURES.get(function)
+    if signature is None:
+        signature = _SIGNATURES[function] = inspect.signature(function)
+    return signature
+
+
+_SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}
+
+
 def _bind(name: str, mark: pytest.Mark) -> inspect.BoundArguments:
-    signature = inspect.signature(MARKERS[name])
+    signature = _signature(MARKERS[name])
     try:
         bound = signature.bind(*mark.args, **mark.kwargs)
     except TypeError as exc:

@@ -21,14 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["PeakWindow", "TestMeasurement", "collect_garbage"]
 
 
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)
-
-
 def collect_garbage(backend: Backend, floor: int) -> int:
     """Collect the reference cycles that keep memory above ``floor`` allocated; what is still
     allocated then.
@@ -53,9 +45,13 @@ class PeakWindow:
         self.device: int | None = None
 
     def fold(self, allocated: int, reserved: int | None, device: int | None) -> None:
-        self.allocated = max(self.allocated, allocated)
-        self.reserved = _max(self.reserved, reserved)
-        self.device = _max(self.device, device)
+        # Spelled out, without max(): this runs at every peak reset and at every test's end.
+        if allocated > self.allocated:
+            self.allocated = allocated
+        if reserved is not None and (self.reserved is None or reserved > self.reserved):
+            self.reserved = reserved
+        if device is not None and (self.device is None or device > self.device):
+            self.device = device
 
 
 class TestMeasurement:
@@ -63,24 +59,26 @@ class TestMeasurement:
 
     __test__ = False  # not a test class, whatever pytest's name matching thinks
 
+    # What most tests keep as it is: set on the measurement only where it differs.
+    #: The test's baseline entry on its device, None when it has none.
+    entry: Mapping[str, int] | None = None
+    #: The names of the test's broader-scoped fixtures, whose values count as its own.
+    fixtures: tuple[str, ...] = ()
+    #: Whether the test's peak is broken down (attribution).
+    attributed = False
+    #: The test's parsed markers, set by the session.
+    marks: VramMarks | None = None
+    #: What setup or the call raised (a failure or a skip): its frames hold the test's
+    #: tensors.
+    raised: BaseException | None = None
+    #: The memory verdict, once judged.
+    verdict: Verdict | None = None
+    #: Under ``vram_world_size`` on the sim: the fake process group the test runs in.
+    ranks: Any = None
+
     def __init__(self, backend: Backend, nodeid: str, device: str | None = None) -> None:
         self.backend = backend
         self.record = TestRecord(nodeid, backend.name, device or backend.device_class)
-        #: The test's baseline entry on its device, None when it has none.
-        self.entry: Mapping[str, int] | None = None
-        #: The names of the test's broader-scoped fixtures, whose values count as its own.
-        self.fixtures: tuple[str, ...] = ()
-        #: Whether the test's peak is broken down (attribution).
-        self.attributed = False
-        #: The test's parsed markers, set by the session.
-        self.marks: VramMarks | None = None
-        #: What setup or the call raised (a failure or a skip): its frames hold the test's
-        #: tensors.
-        self.raised: BaseException | None = None
-        #: The memory verdict, once judged.
-        self.verdict: Verdict | None = None
-        #: Under ``vram_world_size`` on the sim: the fake process group the test runs in.
-        self.ranks: Any = None
         self._windows: list[PeakWindow] = []
         self._test_window: PeakWindow | None = None
 
@@ -98,14 +96,16 @@ class TestMeasurement:
 
     def finish_call(self) -> None:
         """Freeze the peaks of setup and call; call when the test body has returned."""
-        if self._test_window is None:
+        window = self._test_window
+        if window is None:
             return
-        self.close_window(self._test_window)
-        window, self._test_window = self._test_window, None
-        self.record.peak_allocated = window.allocated
-        self.record.peak_reserved = window.reserved
-        self.record.peak_device = window.device
-        self.record.counters = self.backend.counters()
+        self.close_window(window)
+        self._test_window = None
+        record = self.record
+        record.peak_allocated = window.allocated
+        record.peak_reserved = window.reserved
+        record.peak_device = window.device
+        record.counters = self.backend.counters()
 
     def end(self) -> None:
         """Read what the test left allocated; call after its teardown."""

@@ -11,7 +11,6 @@ later test would not see either.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import types
 from collections.abc import Iterator
@@ -99,33 +98,32 @@ def held_bytes(values: list[Any], backend: Backend) -> int:
     return sum(storages.values())
 
 
-def broader_scoped(item: pytest.Item) -> tuple[str, ...]:
+def broader_scoped(item: pytest.Item, known: dict[int, Any] | None = None) -> tuple[str, ...]:
     """The names of ``item``'s fixtures whose scope is broader than the function's.
 
-    Parametrized items share their fixture information; the answer is kept on it, computed
-    once. Most tests have none, and then nothing of theirs needs to be walked.
+    Most tests have none, and then nothing of theirs needs to be walked. ``known``, where
+    given, keeps the answers: parametrized items share their fixture names and information,
+    and each answer is worked out once. (pytest's FuncFixtureInfo takes no attribute and
+    cannot be weakly referenced; the names list is the key, by id, kept beside the answer so
+    that the id stays its own.)
     """
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return ()
-    found = getattr(info, _BROADER, None)
-    if found is not None:
-        return found
+    fixturenames = item.fixturenames  # type: ignore[attr-defined]
+    if known is not None:
+        found = known.get(id(fixturenames))
+        if found is not None and found[1] is info:
+            return found[2]
     names = []
-    for name in item.fixturenames:  # type: ignore[attr-defined]
+    for name in fixturenames:
         definitions = info.name2fixturedefs.get(name)
         if definitions and definitions[-1].scope != "function":
             names.append(name)
-    found = tuple(names)
-    # pytest's FuncFixtureInfo is a frozen dataclass; an object that takes no attribute is
-    # asked again next time.
-    with contextlib.suppress(AttributeError, TypeError):
-        object.__setattr__(info, _BROADER, found)
-    return found
-
-
-#: The attribute of a test's fixture information that keeps :func:`broader_scoped`'s answer.
-_BROADER = "_pytest_vram_broader_scoped"
+    answer = tuple(names)
+    if known is not None:
+        known[id(fixturenames)] = (fixturenames, info, answer)
+    return answer
 
 
 def cached_fixture_values(
@@ -218,11 +216,15 @@ class OwnView:
         self._backend.begin_test()
         self._offset = self._backend.allocated() - self.held
 
+    # Not max(0, ...): these are read several times in every test, and the call costs more
+    # than the subtraction.
     def allocated(self) -> int:
-        return max(0, self._backend.allocated() - self._offset)
+        own = self._backend.allocated() - self._offset
+        return own if own > 0 else 0
 
     def peak_allocated(self) -> int:
-        return max(0, self._backend.peak_allocated() - self._offset)
+        own = self._backend.peak_allocated() - self._offset
+        return own if own > 0 else 0
 
     def enter_excluded(self, name: str, fold: Any) -> None:
         """The broader-scoped fixture ``name`` starts being made: ``fold()`` keeps the peaks

@@ -63,10 +63,13 @@ class Seeder:
         self.seed = seed
         self._current = seed
         self._hook: PatchOnImport | None = None
+        # seed_for's CRC-32 of "seed:nodeid", continued from that of "seed:": the same number
+        # without formatting the text for every test.
+        self._prefix = zlib.crc32(f"{seed}:".encode())
 
     def start(self, nodeid: str) -> None:
         """Seed the generators for the test ``nodeid``, which is about to run."""
-        self._current = current = seed_for(self.seed, nodeid)
+        self._current = current = zlib.crc32(nodeid.encode(), self._prefix)
         seed_generators(current)
         if self._hook is None and _NUMPY_RANDOM not in sys.modules:
             self._hook = PatchOnImport(_NUMPY_RANDOM, self._numpy_made)

@@ -96,6 +96,9 @@ class Selection:
         collected the whole file without finding them."""
         if self.collected is None:  # a pytest-xdist controller sees no collection
             return []
+        nodeids = set(nodeids)
+        if not nodeids:  # no baseline entries: nothing to look up the collection for
+            return []
         root = self.config.rootpath
         known = self.collected | self.deselected
         collected_files = {nodeid.split("::")[0] for nodeid in self.collected}

@@ -22,7 +22,7 @@ from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import TestMeasurement, collect_garbage
 from pytest_vram.options import Settings
-from pytest_vram.ownership import broader_scoped, still_held_by_fixtures, view_for
+from pytest_vram.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.pool import BackendPool
 from pytest_vram.records import TestRecord
 from pytest_vram.report import (
@@ -79,6 +79,8 @@ class VramSession:
         self.seeder = Seeder(settings.seed) if settings.seed is not None else None
         #: The measurement of the test being set up or run, None between tests.
         self._current: TestMeasurement | None = None
+        #: What :func:`broader_scoped` has worked out, for the tests that share it.
+        self._broader: dict[int, Any] = {}
 
     def close(self) -> None:
         if self.seeder is not None:
@@ -134,17 +136,19 @@ class VramSession:
             view.exit_excluded()
 
     def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
+        pool = self.pool
         try:
             if MARKER_ERROR in item.stash:
                 raise item.stash[MARKER_ERROR]
-            backend = self.pool.get(marks.backend or self.settings.backend)
+            backend = pool.get(marks.backend or self.settings.backend)
         except (MarkerError, BackendUnavailable) as exc:
             problem = f"usage error in {item.nodeid}: {exc}"
         else:
             problem = None
         if problem is not None:
             pytest.fail(problem, pytrace=False)
-        self.pool.pause_all(keep=backend)
+        if len(pool.backends) > 1:  # the only one is this test's: nothing else to pause
+            pool.pause_all(keep=backend)
         use_values = getattr(backend, "use_values", None)
         if use_values is not None:  # the simulated device: shape-only, or computing
             use_values(item.stash.get(COMPUTE, False), item.stash.get(REASON, None))
@@ -165,18 +169,24 @@ class VramSession:
         nodeid = item.nodeid
         if self.seeder is not None:
             self.seeder.start(nodeid)
-        device = self.pool.device_classes[backend.name]
-        fixtures = broader_scoped(item)
-        measurement = TestMeasurement(view_for(item, backend, fixtures), nodeid, device)  # type: ignore[arg-type]
+        name = backend.name
+        device = pool.device_classes[name]
+        fixtures = broader_scoped(item, self._broader)
+        view = view_for(item, backend, fixtures) if fixtures else OwnView(backend, 0)
+        measurement = TestMeasurement(view, nodeid, device)  # type: ignore[arg-type]
         measurement.marks = marks
-        measurement.fixtures = fixtures
-        measurement.ranks = ranks
+        if fixtures:
+            measurement.fixtures = fixtures
+        if ranks is not None:
+            measurement.ranks = ranks
         # Looked up once: the judge and attribution read the same entry.
-        measurement.entry = self.store.entry(device, nodeid)
+        entry = self.store.entry(device, nodeid)
+        if entry is not None:
+            measurement.entry = entry
         if self.snapshots.directory is not None:
             self.snapshots.start(backend)
         measurement.begin()
-        if self.attribution.wants_breakdown(measurement.entry):
+        if self.attribution.wants_breakdown(entry):
             measurement.attributed = self.attribution.begin(backend)
         item.stash[MEASUREMENT] = self._current = measurement
         return measurement
@@ -220,14 +230,17 @@ class VramSession:
         error: str | None = None,
     ) -> Verdict:
         record = measurement.record
-        backend = self.pool.backends[record.backend]
-        note = getattr(backend, "nvml_note", None)
+        marks = measurement.marks
+        assert marks is not None  # set when the measurement began
+        note = None
+        if marks.budgets:  # read for a budget the backend cannot check
+            note = getattr(self.pool.backends[record.backend], "nvml_note", None)
         entry = measurement.entry
         if self.ranks is not None:  # each rank against its own figures
             entry = entry_for_rank(entry, self.ranks.ranks.rank)
         return judge(
             record,
-            measurement.marks,  # type: ignore[arg-type]
+            marks,
             entry,
             self.settings,
             outcome,
@@ -317,7 +330,8 @@ class VramSession:
         # For WorkerReports, on the teardown report, and for a rerun to discard it.
         item.stash[RECORD] = record
         if not self.is_worker:
-            self._collect(record, self.environments.get(record.backend))
+            # Its backend's environment is the pool's, in self.environments since it was made.
+            self.records.append(record)
 
     # -- the controller: collect records, write reports -----------------------------------
 

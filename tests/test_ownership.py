@@ -217,3 +217,35 @@ def test_leftover_is_what_the_test_left_not_what_its_fixtures_hold(
         for test in json.loads(out.read_text())["tests"]
     }
     assert leftover == {"test_makes_the_fixture": 0, "test_leaks": 4 * KiB, "test_last": 0}
+
+
+def test_broader_scoped_names_are_worked_out_once_for_the_items_that_share_them(
+    pytester: pytest.Pytester,
+) -> None:
+    from pytest_vram.ownership import broader_scoped
+
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def weights():
+            return 1
+
+        @pytest.fixture
+        def own():
+            return 2
+
+        @pytest.mark.parametrize("n", [1, 2, 3])
+        def test_param(n, weights, own):
+            pass
+
+        def test_plain(own):
+            pass
+        """
+    )
+    items, _ = pytester.inline_genitems()
+    known: dict[int, object] = {}
+    assert [broader_scoped(item, known) for item in items] == [("weights",)] * 3 + [()]
+    assert len(known) == 2  # the three parametrized items share one answer
+    assert [broader_scoped(item) for item in items] == [("weights",)] * 3 + [()]

@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -38,6 +39,28 @@ def test_seeding_repeats_python_numpy_and_torch_draws() -> None:
     assert (random.random(), np.random.rand(), torch.rand(()).item()) == first
     seed_generators(8)
     assert random.random() != first[0]
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**40])
+@pytest.mark.parametrize("nodeid", ["t.py::a", "tests/t.py::test[\u00e9-1]", ""])
+def test_a_seeded_test_draws_what_plain_seeding_with_its_seed_draws(seed: int, nodeid: str) -> None:
+    np = pytest.importorskip("numpy")
+    import numpy.random  # noqa: F401 - seeded where imported
+    import torch
+
+    random.gauss(0, 1), np.random.randn(), torch.randn(3)  # each keeps a normal draw in hand
+    Seeder(seed).start(nodeid)
+    seeded = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    random.gauss(0, 1), np.random.randn(), torch.randn(3)
+    expected = seed_for(seed, nodeid)
+    assert expected == zlib.crc32(f"{seed}:{nodeid}".encode())
+    random.seed(expected)
+    np.random.seed(expected % 2**32)
+    torch.manual_seed(expected)
+    plain = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    assert seeded[0] == plain[0]
+    assert all(np.array_equal(a, b) for a, b in zip(seeded[1], plain[1], strict=True))
+    assert torch.equal(seeded[2], plain[2])
 
 
 FIRST_IMPORT = """

@@ -60,6 +60,9 @@ def test_statuses_are_listed_worst_first_and_know_whether_they_fail() -> None:
     assert not Status.SKIPPED.stored
     assert rank_of("regression") == Status.REGRESSION.rank
     assert rank_of("from a newer plugin") == len(Status)
+    for status in Status:  # by value or as the member
+        assert rank_of(status.value) == rank_of(status) == status.rank
+    assert rank_of(["ok"]) == len(Status)  # not even hashable
 
 
 def test_no_entry_is_new_and_passes() -> None:

@@ -25,7 +25,9 @@ class Attribution:
         self._peak: Any = None
 
     def wants_breakdown(self, entry: Mapping[str, Any] | None) -> bool:
-        return self.breakdown or entry_categories(entry) is not None
+        if self.breakdown:
+            return True
+        return entry is not None and entry_categories(entry) is not None
 
     def begin(self, backend: Any) -> bool:
         """Start logging for the breakdown of a test that wants one (:meth:`wants_breakdown`);

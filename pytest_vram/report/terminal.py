@@ -24,6 +24,7 @@ def terminal_lines(records: list[TestRecord], stale: list[str] | None = None) ->
 
 def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None) -> list[str]:
     """The summary lines of a document, in its order, and the stale baseline entries."""
+    tests = document_tests(document)
     rows = [
         (
             str(test.get("nodeid") or ""),
@@ -35,10 +36,10 @@ def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None)
             change_text(test.get("change"), test.get("change_percent")),
             str(test.get("status") or ""),
         )
-        for test in document_tests(document)
+        for test in tests
     ]
     lines = table(_HEADER, rows, right=_NUMBERS)
-    lines += rank_lines(document_tests(document))
+    lines += rank_lines(tests)
     measured, counts = status_counts(document)
     lines.append(plural(measured, "measured test") + (": " + counts_text(counts) if counts else ""))
     if stale:

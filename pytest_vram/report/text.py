@@ -40,6 +40,8 @@ def _as_number(value: object) -> float | None:
 
 def size_text(value: object, missing: str = "-") -> str:
     """``1.50 GiB`` for a size in bytes; ``missing`` for anything else."""
+    if type(value) is int:  # the common case, without as_int's two checks
+        return format_size(value)
     nbytes = as_int(value)
     return missing if nbytes is None else format_size(nbytes)
 
@@ -82,11 +84,12 @@ def table(
     every = [header, *rows]
     if any(len(row) != len(header) for row in rows):
         raise ValueError(f"every row needs {len(header)} cells, one per column")
-    widths = [max(len(row[i]) for row in every) for i in range(len(header))]
+    widths = [max(map(len, column)) for column in zip(*every, strict=True)]
+    # Each column's alignment and width decided once, not for every cell.
+    aligned = [(str.rjust if i in right else str.ljust, width) for i, width in enumerate(widths)]
     return [
         "  ".join(
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            [justify(cell, width) for cell, (justify, width) in zip(row, aligned, strict=True)]
         ).rstrip()
         for row in every
     ]
