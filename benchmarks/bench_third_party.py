@@ -6,7 +6,10 @@ machine without a GPU: plain (``-p no:vram``), under ``--vram-report`` with an e
 cache (every test starts shape-only and the files that need values are found), and under
 ``--vram-report`` again (those files compute from the start). Per test the outcomes are
 compared; the table gives passed / failed / skipped per run, the tests whose outcome differs
-from plain, and each run's wall time against plain's.
+from plain, and each run's wall time against plain's. With ``--rounds N`` the plain and cached
+runs are repeated, alternating, N times in all: their wall times are the medians, and the
+cached run's ratio is the median of the rounds' ratios (the machine's drift from one run to the
+next enters each round's ratio less than it enters two separate medians).
 
     python benchmarks/bench_third_party.py --python /path/to/venv/bin/python \\
         --suite vector-quantize-pytorch=/src/vector-quantize-pytorch \\
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,15 +58,19 @@ def outcomes(junit: Path) -> dict[str, str]:
 
 
 def run_suite(
-    python: str, path: Path, extra: list[str], timeout: int
+    python: str, path: Path, extra: list[str], timeout: int, rounds: int = 1
 ) -> dict[str, object] | None:
     work = Path(tempfile.mkdtemp(prefix="bench-third-party-"))
     try:
         tree = work / "suite"
         shutil.copytree(path, tree, ignore=shutil.ignore_patterns(".pytest_cache", "baselines"))
         results: dict[str, object] = {}
-        for label, options in RUNS.items():
-            junit = work / f"{label.split()[0]}-{len(results)}.xml"
+        times: dict[str, list[float]] = {label: [] for label in RUNS}
+        order = list(RUNS)
+        order += [label for _ in range(rounds - 1) for label in ("plain", "vram (cached)")]
+        for run, label in enumerate(order):
+            options = RUNS[label]
+            junit = work / f"{label.split()[0]}-{run}.xml"
             command = [
                 python, "-m", "pytest", "tests", "-q", "-p", "no:randomly",
                 f"--junitxml={junit}",
@@ -82,8 +90,18 @@ def run_suite(
                 output = completed.stdout[-2000:] + completed.stderr[-2000:]
                 print(f"{path}: pytest wrote no report ({label}):\n{output}", file=sys.stderr)
                 return None
-            results[label] = (outcomes(junit), elapsed)
-        return results
+            times[label].append(elapsed)
+            if label not in results:
+                results[label] = outcomes(junit)
+        ratios = [c / p for p, c in zip(times["plain"], times["vram (cached)"], strict=True)]
+        return {
+            label: (
+                found,
+                statistics.median(times[label]),
+                statistics.median(ratios) if label == "vram (cached)" else None,
+            )
+            for label, found in results.items()
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -95,22 +113,26 @@ def main() -> None:
         "--suite", action="append", required=True, metavar="NAME=PATH", help="a suite to run"
     )
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per pytest run")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="plain and cached runs, alternating (default 1)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args()
 
     rows = []
     for spec in args.suite:
         name, _, path = spec.partition("=")
-        results = run_suite(args.python, Path(path), args.pytest_args, args.timeout)
+        results = run_suite(args.python, Path(path), args.pytest_args, args.timeout, args.rounds)
         if results is None:
             continue
-        plain, plain_time = results["plain"]  # type: ignore[misc]
-        for label, (found, elapsed) in results.items():  # type: ignore[misc]
+        plain, plain_time, _ = results["plain"]  # type: ignore[misc]
+        for label, (found, elapsed, ratio) in results.items():  # type: ignore[misc]
             counts = {o: sum(1 for v in found.values() if v == o) for o in ("passed", "failed")}
             counts["skipped"] = sum(1 for v in found.values() if v == "skipped")
             differ = sorted(t for t, o in found.items() if plain.get(t) != o)
             lost = sorted(t for t in differ if plain.get(t) == "passed")
-            rows.append((name, label, counts, len(differ), elapsed, elapsed / plain_time, lost))
+            ratio = elapsed / plain_time if ratio is None else ratio
+            rows.append((name, label, counts, len(differ), elapsed, ratio, lost))
             for test in differ:
                 print(f"  {name} [{label}] {test}: plain {plain.get(test)}, here {found.get(test)}")
 

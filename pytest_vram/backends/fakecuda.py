@@ -607,6 +607,8 @@ class VirtualCuda:
         # Computing on a build without CUDA: devices are remapped below Python (cudaremap).
         self._below_python: bool | None = None
         self._remapping_below = False
+        self._made: dict[bool, list[tuple[object, str, object]]] = {}
+        self._made_below: list[tuple[object, str, object]] | None = None
         self._saved: list[tuple[object, str, object]] = []
         self._default_device: Any = None
         self._stance: Any = _MISSING
@@ -621,19 +623,13 @@ class VirtualCuda:
         self._mode = self._modes[computing]
         below = computing and self._can_remap_below_python()
         try:
-            for owner, name, value in self._replacements(computing):
+            for owner, name, value in self._replacements_for(computing):
                 self._patch(owner, name, value)
             self._force_eager()
             if not computing:
                 self._answer_not_tracing()
             if below:
-                for owner, name, value in cudaremap.replacements(
-                    _special_methods(self._device.counted),
-                    _HOST_FACTORIES,
-                    _host_scalar,
-                    self._host_memory,
-                    self._mode,
-                ):
+                for owner, name, value in self._below_python_replacements():
                     self._shadow(owner, name, value)
                 cudaremap.activate()
                 self._remapping_below = True
@@ -643,6 +639,28 @@ class VirtualCuda:
             self._restore()
             raise
         self.installed = True
+
+    def _replacements_for(self, computing: bool) -> list[tuple[object, str, object]]:
+        # Made once (every test of a session installs the same), while nothing is installed:
+        # the originals they wrap are PyTorch's own.
+        made = self._made.get(computing)
+        if made is None:
+            made = self._made[computing] = list(self._replacements(computing))
+        return made
+
+    def _below_python_replacements(self) -> list[tuple[object, str, object]]:
+        made = self._made_below
+        if made is None:
+            made = self._made_below = list(
+                cudaremap.replacements(
+                    _special_methods(self._device.counted),
+                    _HOST_FACTORIES,
+                    _host_scalar,
+                    self._host_memory,
+                    self._modes[True],
+                )
+            )
+        return made
 
     def _can_remap_below_python(self) -> bool:
         if self._below_python is None:
