@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,7 +82,25 @@ class HostMemoryExceeded(torch.OutOfMemoryError):
 
 
 def available_host_memory() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where there is no such file."""
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where there is no such file.
+
+    Read again after a second at most: each computing test asks, and the figure moves slowly
+    next to the margin the limit leaves."""
+    global _available_read
+    now = time.monotonic()
+    read_at, available = _available_read
+    if now - read_at < _AVAILABLE_FOR_S:
+        return available
+    available = _read_available()
+    _available_read = (now, available)
+    return available
+
+
+_AVAILABLE_FOR_S = 1.0
+_available_read: tuple[float, int | None] = (-_AVAILABLE_FOR_S, None)
+
+
+def _read_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
@@ -414,12 +433,13 @@ class SimBackend(Backend):
             return
         self._host_room = room = max(0, available - max(HOST_MARGIN, available // 10))
         if self._native:
+            # The op counter refuses an allocation before it is made, a kernel's own included.
             assert self._ops is not None
             head, _, tail = self._host_message(None, placeholder="\0").partition("\0")
             self._ops.limit(self.tracker.current + self._ops.current + room, head, tail)
             self._host_limit = None
-        else:
-            self._host_limit = self.tracker.current + room
+            return
+        self._host_limit = self.tracker.current + room
         # A kernel writes its output before the tracker sees it: a limit on the process's
         # data makes an allocation that cannot fit fail cleanly instead of waking the
         # kernel's out-of-memory killer.
