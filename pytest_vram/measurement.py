@@ -8,6 +8,7 @@ first folds the backend's peak into each open window, so no window loses its max
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,19 +19,79 @@ if TYPE_CHECKING:
     from pytest_vram.marks import VramMarks
     from pytest_vram.verdict import Verdict
 
-__all__ = ["PeakWindow", "TestMeasurement", "collect_garbage"]
+__all__ = ["OLD_GARBAGE", "OldGarbage", "PeakWindow", "TestMeasurement", "collect_garbage"]
 
 
-def collect_garbage(backend: Backend, floor: int) -> int:
+class OldGarbage:
+    """Whether a full garbage collection may free what a collection of the young generations
+    cannot, while a session runs (:meth:`watch`).
+
+    The young collection misses only garbage in the oldest generation. Objects get there by
+    surviving a collection of generation 1: an automatic one, which a busy test's objects
+    survive, or this plugin's own, which what is alive at a test's end survives. What is alive
+    then is held by something that outlives the test: a broader-scoped fixture (its finaliser
+    lets go, :meth:`let_go`), a failed test's exception (let go too), or a global. So after a
+    full collection, until an automatic collection of generation 1 or a :meth:`let_go`, a full
+    one finds nothing more; a test that keeps memory on purpose, such as a cache, then costs
+    a young collection and not a full one each time. Where the collector is not
+    generational (Python 3.14 collects the old generation in increments), every test that
+    ends above its floor gets a full collection.
+    """
+
+    def __init__(self) -> None:
+        #: False: a full collection would find nothing a young one does not.
+        self.possible = True
+        self._watching = False
+        self._ours = False
+
+    def watch(self) -> None:
+        if _GENERATIONAL and not self._watching:
+            gc.callbacks.append(self._seen)
+            self._watching = True
+
+    def unwatch(self) -> None:
+        if self._watching:
+            gc.callbacks.remove(self._seen)
+            self._watching = False
+        self.possible = True
+
+    def let_go(self) -> None:
+        """What outlived a test (a fixture, an exception) may be garbage now."""
+        self.possible = True
+
+    def collect_young(self) -> None:
+        self._ours = True
+        try:
+            gc.collect(1)
+        finally:
+            self._ours = False
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase != "stop":
+            return
+        generation = info["generation"]
+        if generation >= 2:
+            self.possible = False  # everything was looked at
+        elif generation == 1 and not self._ours:
+            self.possible = True
+
+
+_GENERATIONAL = sys.version_info < (3, 14)
+
+#: The session's: watched while its tests run.
+OLD_GARBAGE = OldGarbage()
+
+
+def collect_garbage(backend: Backend, floor: int, old: OldGarbage = OLD_GARBAGE) -> int:
     """Collect the reference cycles that keep memory above ``floor`` allocated; what is still
     allocated then.
 
     The young generations first, where the cycles a test just made are: that is the cost of a
-    full collection only when they did not free enough.
+    full collection only when they did not free enough, and ``old`` says it may.
     """
-    gc.collect(1)
+    old.collect_young()
     left = backend.allocated()
-    if left > floor:
+    if left > floor and old.possible:
         gc.collect()
         left = backend.allocated()
     return left

@@ -20,7 +20,7 @@ from pytest_vram.baselines import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
-from pytest_vram.measurement import TestMeasurement, collect_garbage
+from pytest_vram.measurement import OLD_GARBAGE, TestMeasurement, collect_garbage
 from pytest_vram.options import Settings
 from pytest_vram.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.pool import BackendPool
@@ -97,10 +97,17 @@ class VramSession:
         # collection walks what the tests made. (Not collected first: that alone would cost a
         # small suite a tenth of its time; what is garbage now is freed after the run.)
         gc.freeze()
+        OLD_GARBAGE.watch()
         try:
             return (yield)
         finally:
+            OLD_GARBAGE.unwatch()
             gc.unfreeze()
+
+    def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
+        # What a broader-scoped fixture held may be garbage in the oldest generation now.
+        if fixturedef.scope != "function":
+            OLD_GARBAGE.let_go()
 
     # -- the test's phases ----------------------------------------------------------------
 
@@ -298,6 +305,7 @@ class VramSession:
         raised = measurement.raised
         if raised is not None:
             release_exception(raised)
+            OLD_GARBAGE.let_go()
         # pytest drops the test's fixture values only after the teardown report; drop them now,
         # or what the test's function-scoped fixtures held would count as left over.
         funcargs = getattr(item, "funcargs", None)

@@ -309,3 +309,45 @@ def test_a_real_leftover_survives_collection(
     assert m.record.end_allocated == 1 * KiB
     assert m.record.leftover == 1 * KiB
     del kept
+
+
+@pytest.fixture
+def old_garbage() -> Iterator[measurement_module.OldGarbage]:
+    old = measurement_module.OldGarbage()
+    old.watch()
+    try:
+        yield old
+    finally:
+        old.unwatch()
+
+
+@pytest.mark.skipif(not measurement_module._GENERATIONAL, reason="a generational collector")
+def test_after_a_full_collection_only_a_let_go_makes_the_next_one_full(
+    backend: CpuBackend, old_garbage: measurement_module.OldGarbage, no_automatic_gc: None
+) -> None:
+    m = TestMeasurement(backend, "t.py::test")
+    m.begin()
+    gc.collect()
+    assert not old_garbage.possible
+    holder = [Cycle(floats(4 * KiB))]
+    old_garbage.collect_young()  # what a test's end does: it survives into the oldest
+    old_garbage.collect_young()
+    assert not old_garbage.possible
+    holder.clear()  # garbage where only a full collection looks, let go without a word
+    assert measurement_module.collect_garbage(backend, 0, old_garbage) == 4 * KiB
+    old_garbage.let_go()  # a broader-scoped fixture's finaliser, or a failed test's exception
+    assert measurement_module.collect_garbage(backend, 0, old_garbage) == 0
+    assert not old_garbage.possible
+    m.end()
+
+
+@pytest.mark.skipif(not measurement_module._GENERATIONAL, reason="a generational collector")
+def test_an_automatic_collection_of_generation_1_makes_the_next_one_full(
+    old_garbage: measurement_module.OldGarbage,
+) -> None:
+    gc.collect()
+    assert not old_garbage.possible
+    gc.collect(0)  # the young one stays young
+    assert not old_garbage.possible
+    gc.collect(1)  # not the plugin's: a busy test's objects may have aged
+    assert old_garbage.possible

@@ -249,3 +249,55 @@ def test_broader_scoped_names_are_worked_out_once_for_the_items_that_share_them(
     assert [broader_scoped(item, known) for item in items] == [("weights",)] * 3 + [()]
     assert len(known) == 2  # the three parametrized items share one answer
     assert [broader_scoped(item) for item in items] == [("weights",)] * 3 + [()]
+
+
+def test_a_fixture_that_held_a_reference_cycle_is_collected_when_it_ends(
+    pytester: pytest.Pytester,
+) -> None:
+    # No automatic collection: only the plugin's own decide what is collected.
+    pytester.makeconftest(
+        """
+        import gc
+
+        def pytest_sessionstart(session):
+            gc.disable()
+
+        def pytest_sessionfinish(session):
+            gc.enable()
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch
+
+        KEPT = []
+
+        class Cycle:
+            def __init__(self, value):
+                self.me = self
+                self.value = value
+
+        @pytest.fixture(scope="module")
+        def model():
+            return Cycle(torch.ones(4096))  # 16 KiB that only the cycle collector frees
+
+        def test_keeps(vram, model):
+            KEPT.append(torch.ones(1024))  # 4 KiB: a full collection finds it alive
+
+        def test_last(vram, model):
+            KEPT.append(torch.ones(1024))  # 4 KiB again, and the module ends
+        """
+    )
+    out = pytester.path / "out.json"
+    result = pytester.runpytest(
+        "--vram-backend=cpu", "--vram-report", f"--vram-json={out}", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=2)
+    leftover = {
+        test["nodeid"].split("::")[-1]: test["leftover"]
+        for test in json.loads(out.read_text())["tests"]
+    }
+    # The fixture, in the oldest generation since the first test's end, is garbage once its
+    # module ends: a full collection frees it, though the one before found nothing to free.
+    assert leftover == {"test_keeps": 4 * KiB, "test_last": 4 * KiB}
