@@ -3,6 +3,7 @@ counts a test that computes. Its figures must be the dispatch tracker's, op for 
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator
 
@@ -31,15 +32,6 @@ def ops() -> Iterator[cpu_allocator.OpCounter]:
         yield counter
     finally:
         counter.unwatch()
-
-
-def replay(events: list[int], model: CachingAllocatorModel, blocks: dict[int, object]) -> None:
-    for i in range(0, len(events), 2):
-        ident, size = events[i], events[i + 1]
-        if ident > 0:
-            blocks[ident] = model.malloc(size)
-        else:
-            model.free(blocks.pop(-ident))
 
 
 def test_an_op_output_counts_rounded_as_the_cuda_allocator_rounds(
@@ -115,22 +107,44 @@ def test_a_storage_resized_outside_any_op_counts_inside_as_one_op(
     assert ops.current == start - 4096 + 16384
 
 
-def test_the_log_holds_each_counted_block_and_free_in_order(
-    ops: cpu_allocator.OpCounter,
-) -> None:
-    ops.take_events()
-    x = torch.ones(1024)
-    y = torch.ones(100)
-    del x
-    events = ops.take_events()
-    assert len(events) == 6
-    (first, first_size), (second, second_size), (freed, zero) = zip(
-        events[::2], events[1::2], strict=True
+def figures(model: CachingAllocatorModel) -> tuple[int, ...]:
+    return (
+        model.reserved,
+        model.peak_reserved,
+        model.allocated,
+        model.peak_allocated,
+        model.segments,
+        model.num_device_alloc,
+        model.num_device_free,
+        model.inactive_split_bytes(),
     )
-    assert (first_size, second_size, zero) == (4096, 512, 0)
-    assert second > first > 0 and freed == -first
-    assert ops.take_events() == []
-    del y
+
+
+def test_the_segment_model_is_segments_py_request_for_request() -> None:
+    rng = random.Random(0)
+    sizes = [100, 512, 4096, 70_000, 900_000, 1_500_000, 6_000_000, 12_000_000, 30_000_000]
+    model, blocks, live = CachingAllocatorModel(), {}, {}
+    counter = cpu_allocator.OpCounter()
+    counter.watch()
+    try:
+        for step in range(600):
+            if live and rng.random() < 0.45:
+                key = rng.choice(list(live))
+                del live[key]
+                model.free(blocks.pop(key))
+            elif step % 97 == 96:
+                assert counter.empty_cache() == model.empty_cache()
+            else:
+                nbytes = rng.choice(sizes) + rng.randrange(512)
+                live[step] = torch.empty(nbytes, dtype=torch.uint8)
+                blocks[step] = model.malloc(nbytes)
+            assert tuple(counter.segments()) == figures(model), step
+            if step % 50 == 49:
+                counter.reset_segment_peaks()
+                model.reset_peak()
+        assert model.num_device_free > 0 and model.inactive_split_bytes() > 0
+    finally:
+        counter.unwatch()
 
 
 def test_a_limit_refuses_the_allocation_with_the_message_and_the_size(
@@ -208,22 +222,16 @@ def test_the_figures_are_the_dispatch_trackers(code: Callable[[], None]) -> None
         code()
     tracker.flush()
 
-    op_model, blocks = CachingAllocatorModel(), {}
     counter = cpu_allocator.OpCounter()
     counter.watch()
     try:
         code()
     finally:
         counter.unwatch()
-    replay(counter.take_events(), op_model, blocks)
 
     assert (counter.current, counter.peak) == (tracker.current, tracker.peak)
     assert counter.peak > 0
-    assert (op_model.reserved, op_model.peak_reserved, op_model.num_device_alloc) == (
-        dispatch_model.reserved,
-        dispatch_model.peak_reserved,
-        dispatch_model.num_device_alloc,
-    )
+    assert tuple(counter.segments()) == figures(dispatch_model)
 
 
 def test_a_computing_sim_test_pushes_no_dispatch_mode() -> None:

@@ -15,7 +15,8 @@
 // outputs, at the cost of a RecordFunction callback per op instead of two Python calls; what is
 // allocated outside any op is not counted, as a dispatch mode never sees it. Its
 // sizes are rounded as the CUDA caching allocator rounds them, and each counted block and free
-// is logged, in order, for a model of the caching allocator's segments to replay.
+// is replayed, in order, on a model of the caching allocator's segments (the one in
+// pytest_vram/backends/segments.py, without a capacity), for reserved memory.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -26,12 +27,14 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -54,15 +57,156 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "current and peak are r
 std::atomic<Counter*> g_watching[kSlots];
 thread_local char t_marker;
 
+// The CUDA caching allocator's segments, as CachingAllocatorModel in segments.py models them
+// (without a capacity, so that no request fails): tests/test_op_counter.py checks that both
+// give the same figures for the same requests.
+constexpr int64_t kMinBlock = 512;
+constexpr int64_t kSmallRequest = int64_t(1) << 20;
+constexpr int64_t kSmallSegment = int64_t(2) << 20;
+constexpr int64_t kMinLargeAlloc = int64_t(10) << 20;
+constexpr int64_t kLargeSegment = int64_t(20) << 20;
+constexpr int64_t kRoundLarge = int64_t(2) << 20;
+
+struct SegmentBlock {
+  int64_t addr;
+  int64_t size;
+  bool small;
+  bool allocated = false;
+  SegmentBlock* prev = nullptr;
+  SegmentBlock* next = nullptr;
+};
+
+// Free blocks by (size, address), for the best fit.
+struct SegmentPool {
+  std::set<std::pair<int64_t, int64_t>> keys;
+  std::unordered_map<int64_t, SegmentBlock*> blocks;
+
+  void add(SegmentBlock* block) {
+    keys.emplace(block->size, block->addr);
+    blocks[block->addr] = block;
+  }
+  void remove(SegmentBlock* block) {
+    keys.erase({block->size, block->addr});
+    blocks.erase(block->addr);
+  }
+  SegmentBlock* best_fit(int64_t size) {
+    auto found = keys.lower_bound({size, INT64_MIN});
+    return found == keys.end() ? nullptr : blocks[found->second];
+  }
+};
+
+struct SegmentModel {
+  SegmentPool small_pool, large_pool;
+  int64_t next_addr = int64_t(1) << 32;
+  int64_t reserved = 0, peak_reserved = 0, allocated = 0, peak_allocated = 0;
+  int64_t segments = 0, num_device_alloc = 0, num_device_free = 0;
+
+  SegmentBlock* malloc(int64_t nbytes) {
+    int64_t size = nbytes < kMinBlock ? kMinBlock : (nbytes + kMinBlock - 1) / kMinBlock * kMinBlock;
+    bool small = size <= kSmallRequest;
+    SegmentPool& pool = small ? small_pool : large_pool;
+    SegmentBlock* block = pool.best_fit(size);
+    if (block != nullptr) {
+      pool.remove(block);
+    } else {
+      int64_t segment = small ? kSmallSegment
+                        : size < kMinLargeAlloc
+                            ? kLargeSegment
+                            : (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+      block = new SegmentBlock{next_addr, segment, small};
+      next_addr += segment;
+      reserved += segment;
+      peak_reserved = std::max(peak_reserved, reserved);
+      ++segments;
+      ++num_device_alloc;
+    }
+    int64_t remaining = block->size - size;
+    if (small ? remaining >= kMinBlock : remaining > kSmallRequest) {
+      auto* rest = new SegmentBlock{block->addr + size, remaining, small};
+      rest->prev = block;
+      rest->next = block->next;
+      if (block->next != nullptr) {
+        block->next->prev = rest;
+      }
+      block->next = rest;
+      block->size = size;
+      pool.add(rest);
+    }
+    block->allocated = true;
+    allocated += block->size;
+    peak_allocated = std::max(peak_allocated, allocated);
+    return block;
+  }
+
+  void free(SegmentBlock* block) {
+    if (block == nullptr || !block->allocated) {
+      return;
+    }
+    block->allocated = false;
+    allocated -= block->size;
+    SegmentPool& pool = block->small ? small_pool : large_pool;
+    if (SegmentBlock* prev = block->prev; prev != nullptr && !prev->allocated) {
+      pool.remove(prev);
+      block->addr = prev->addr;
+      block->size += prev->size;
+      block->prev = prev->prev;
+      if (prev->prev != nullptr) {
+        prev->prev->next = block;
+      }
+      delete prev;
+    }
+    if (SegmentBlock* next = block->next; next != nullptr && !next->allocated) {
+      pool.remove(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (next->next != nullptr) {
+        next->next->prev = block;
+      }
+      delete next;
+    }
+    pool.add(block);
+  }
+
+  int64_t empty_cache() {
+    int64_t released = 0;
+    for (SegmentPool* pool : {&small_pool, &large_pool}) {
+      std::vector<SegmentBlock*> whole;
+      for (auto& entry : pool->blocks) {
+        if (entry.second->prev == nullptr && entry.second->next == nullptr) {
+          whole.push_back(entry.second);
+        }
+      }
+      for (SegmentBlock* block : whole) {
+        pool->remove(block);
+        released += block->size;
+        --segments;
+        ++num_device_free;
+        delete block;
+      }
+    }
+    reserved -= released;
+    return released;
+  }
+
+  int64_t inactive_split_bytes() const {
+    int64_t total = 0;
+    for (const SegmentPool* pool : {&small_pool, &large_pool}) {
+      for (const auto& entry : pool->blocks) {
+        if (entry.second->prev != nullptr || entry.second->next != nullptr) {
+          total += entry.second->size;
+        }
+      }
+    }
+    return total;
+  }
+};
+
 // An op counter. current and peak come first, where Python reads them, as for Counter.
 struct OpCounter {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
   std::mutex mutex;  // guards what follows
-  // Pairs: (id, size) for a counted block, (-id, 0) for its free.
-  std::vector<int64_t> log;
-  std::vector<int64_t> taken;  // the log as the last take left it, for Python to read
-  int64_t next_id = 0;
+  SegmentModel segments;
   // Allocations that would take current past limit fail (-1: no limit), with this message
   // around the size that would have been live.
   int64_t limit = -1;
@@ -78,13 +222,16 @@ struct OpThread {
   int uncounted = 0;  // inside host_memory(): allocations are the host's, not the device's
   std::vector<void*> pending;  // allocated while the outermost op runs
   int64_t pending_bytes = 0;
+  // Counted blocks the outermost op freed: it resized their storage (an out= result), which
+  // allocates the new block before it frees the old one, as the segment model hears of it.
+  std::vector<SegmentBlock*> resized;
   at::CallbackHandle callback = 0;
 };
 thread_local OpThread t_op;
 
 // A counted block: its size, the counters that counted it, and the wrapped allocation's own
-// context and deleter, which free it; for an op counter, its rounded size, its id in the log
-// and whether it still waits for its op to return.
+// context and deleter, which free it; for an op counter, its rounded size, its block in the
+// segment model and whether it still waits for its op to return.
 struct Block {
   size_t nbytes;
   void* context;
@@ -92,7 +239,7 @@ struct Block {
   Counter* counters[kSlots];
   OpCounter* op_counter;
   int64_t op_size;
-  int64_t op_id;
+  SegmentBlock* segment_block;
   bool pending;
 };
 
@@ -139,9 +286,7 @@ void commit(Block& block) {
   block.pending = false;
   {
     std::lock_guard<std::mutex> guard(counter->mutex);
-    block.op_id = ++counter->next_id;
-    counter->log.push_back(block.op_id);
-    counter->log.push_back(block.op_size);
+    block.segment_block = counter->segments.malloc(block.op_size);
   }
   add(counter, block.op_size);
 }
@@ -172,9 +317,13 @@ bool release(void* data) {
       }
     } else {
       counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> guard(counter->mutex);
-      counter->log.push_back(-block.op_id);
-      counter->log.push_back(0);
+      OpThread& thread = t_op;
+      if (thread.counter == counter && thread.depth > 0) {
+        thread.resized.push_back(block.segment_block);
+      } else {
+        std::lock_guard<std::mutex> guard(counter->mutex);
+        counter->segments.free(block.segment_block);
+      }
     }
   }
   if (block.deleter != nullptr) {
@@ -194,8 +343,8 @@ struct CountingAllocator final : c10::Allocator {
   // wrapped allocation's memory and its data pointer as context, as PyTorch expects of a plain
   // CPU allocation (copy-on-write clones and the raw interface depend on it).
   c10::DataPtr allocate(size_t nbytes) override {
-    Block block{nbytes, nullptr, nullptr, {nullptr, nullptr, nullptr, nullptr}, nullptr, 0, 0,
-                false};
+    Block block{nbytes, nullptr, nullptr, {nullptr, nullptr, nullptr, nullptr}, nullptr, 0,
+                nullptr, false};
     bool counted = false;
     if (nbytes > 0) {
       const void* me = &t_marker;
@@ -344,6 +493,17 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 
 // What the outermost op allocated and still holds when it returns are its outputs (or what it
 // keeps, as a cache): counted now.
+void free_resized(OpThread& thread) {
+  if (thread.resized.empty()) {
+    return;
+  }
+  std::lock_guard<std::mutex> guard(thread.counter->mutex);
+  for (SegmentBlock* block : thread.resized) {
+    thread.counter->segments.free(block);
+  }
+  thread.resized.clear();
+}
+
 void leave_op(OpThread& thread) {
   if (thread.depth == 0 || --thread.depth > 0) {
     return;
@@ -359,6 +519,7 @@ void leave_op(OpThread& thread) {
   }
   thread.pending.clear();
   thread.pending_bytes = 0;
+  free_resized(thread);
 }
 
 void on_op_end(const at::RecordFunction&, at::ObserverContext*) { leave_op(t_op); }
@@ -451,6 +612,7 @@ void pytest_vram_op_unwatch(void* handle) {
   }
   at::removeCallback(thread.callback);
   thread.callback = 0;
+  free_resized(thread);
   thread.counter = nullptr;
   thread.depth = 0;
   thread.pending.clear();
@@ -484,18 +646,34 @@ void pytest_vram_op_limit(void* handle, int64_t limit, const char* head, const c
   counter->limit_tail = tail != nullptr ? tail : "";
 }
 
-// Moves the log into the taken buffer and returns its length; pytest_vram_op_taken is where
-// it lies until the next take.
-int64_t pytest_vram_op_take(void* handle) {
+// The segment model's figures: reserved, its peak, allocated, its peak, segments, segments
+// asked of the driver, segments given back, and the free bytes of partly used segments.
+void pytest_vram_op_segments(void* handle, int64_t* out) {
   auto* counter = static_cast<OpCounter*>(handle);
   std::lock_guard<std::mutex> guard(counter->mutex);
-  counter->taken.clear();
-  counter->taken.swap(counter->log);
-  return static_cast<int64_t>(counter->taken.size());
+  const SegmentModel& model = counter->segments;
+  out[0] = model.reserved;
+  out[1] = model.peak_reserved;
+  out[2] = model.allocated;
+  out[3] = model.peak_allocated;
+  out[4] = model.segments;
+  out[5] = model.num_device_alloc;
+  out[6] = model.num_device_free;
+  out[7] = model.inactive_split_bytes();
 }
 
-const int64_t* pytest_vram_op_taken(void* handle) {
-  return static_cast<OpCounter*>(handle)->taken.data();
+// torch.cuda.empty_cache(): the entirely free segments go back; the bytes released.
+int64_t pytest_vram_op_empty_cache(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::lock_guard<std::mutex> guard(counter->mutex);
+  return counter->segments.empty_cache();
+}
+
+void pytest_vram_op_reset_segment_peaks(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::lock_guard<std::mutex> guard(counter->mutex);
+  counter->segments.peak_reserved = counter->segments.reserved;
+  counter->segments.peak_allocated = counter->segments.allocated;
 }
 
 // Whether the block at data is one the op counter counts now.

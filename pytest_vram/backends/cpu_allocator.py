@@ -30,6 +30,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -37,6 +38,7 @@ __all__ = [
     "AllocatorCounter",
     "CounterUnavailable",
     "OpCounter",
+    "SegmentFigures",
     "cache_dir",
     "check_library",
     "find_compiler",
@@ -337,8 +339,9 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_enter", None, []),
         ("pytest_vram_op_leave", None, []),
         ("pytest_vram_op_limit", None, [handle, ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p]),
-        ("pytest_vram_op_take", ctypes.c_int64, [handle]),
-        ("pytest_vram_op_taken", handle, [handle]),
+        ("pytest_vram_op_segments", None, [handle, ctypes.POINTER(ctypes.c_int64)]),
+        ("pytest_vram_op_empty_cache", ctypes.c_int64, [handle]),
+        ("pytest_vram_op_reset_segment_peaks", None, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
         ("pytest_vram_cuda_guard", ctypes.c_int, [ctypes.c_int]),
     ]:
@@ -412,8 +415,10 @@ class OpCounter:
     A block allocated while an op runs counts once the outermost op that reaches a kernel has
     returned, if it is still alive; what a kernel allocates and frees again never counts. That
     is what a ``TorchDispatchMode`` sees of each op's outputs, for a RecordFunction callback in
-    C++ per op. :meth:`take_events` returns, in order, each counted block as ``(id, size)`` and
-    each free as ``(-id, 0)``, flattened, for a model of the allocator's segments.
+    C++ per op. Each counted block and its free are replayed, as they happen, on a model of
+    the CUDA caching allocator's segments: the one of
+    :class:`~pytest_vram.backends.segments.CachingAllocatorModel`, without a capacity, whose
+    figures :meth:`segments` reads.
     """
 
     def __init__(self) -> None:
@@ -423,6 +428,7 @@ class OpCounter:
         self._current = ctypes.c_int64.from_address(address)
         self._peak = ctypes.c_int64.from_address(address + 8)
         self._uncounted = library.pytest_vram_op_uncounted
+        self._figures = (ctypes.c_int64 * len(SegmentFigures._fields))()
 
     def watch(self) -> None:
         """Count the calling thread's op outputs from now on."""
@@ -476,12 +482,28 @@ class OpCounter:
         """Whether the block at ``data_ptr`` is counted now."""
         return bool(self._library.pytest_vram_op_counts(self._handle, data_ptr))
 
-    def take_events(self) -> list[int]:
-        """The events logged since the last take, flattened pairs (see the class)."""
-        length = self._library.pytest_vram_op_take(self._handle)
-        if length == 0:
-            return []
-        address = self._library.pytest_vram_op_taken(self._handle)
-        # Through a memoryview: ten times faster than list() of the ctypes array.
-        taken = (ctypes.c_int64 * length).from_address(address)
-        return memoryview(taken).cast("B").cast("q").tolist()
+    def segments(self) -> SegmentFigures:
+        """The segment model's figures now."""
+        library = self._library
+        library.pytest_vram_op_segments(self._handle, self._figures)
+        return SegmentFigures(*self._figures)
+
+    def empty_cache(self) -> int:
+        """Give the entirely free segments back; the bytes released."""
+        return self._library.pytest_vram_op_empty_cache(self._handle)
+
+    def reset_segment_peaks(self) -> None:
+        self._library.pytest_vram_op_reset_segment_peaks(self._handle)
+
+
+class SegmentFigures(NamedTuple):
+    """An op counter's segment model, as :class:`CachingAllocatorModel` names its figures."""
+
+    reserved: int
+    peak_reserved: int
+    allocated: int
+    peak_allocated: int
+    segments: int
+    num_device_alloc: int
+    num_device_free: int
+    inactive_split_bytes: int

@@ -26,7 +26,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -72,6 +72,16 @@ _HOST_MESSAGE_START = "the simulated device computes this test's values on the C
 
 #: What computing leaves the rest of the host: a tenth of what was available, at least this.
 HOST_MARGIN = 512 << 20
+
+
+class _Segments(NamedTuple):
+    reserved: int
+    peak_reserved: int
+    allocated: int
+    segments: int
+    num_device_alloc: int
+    num_device_free: int
+    inactive_split_bytes: int
 
 
 class HostMemoryExceeded(torch.OutOfMemoryError):
@@ -288,8 +298,6 @@ class SimBackend(Backend):
         self._ops_unavailable: str | None = None
         #: Whether the running test counts with the op counter.
         self._native = False
-        #: The segment model's block of each block the op counter counts, by its id.
-        self._native_blocks: dict[int, Any] = {}
 
     @property
     def fake_mode(self) -> _SimFakeTensorMode:
@@ -367,7 +375,6 @@ class SimBackend(Backend):
             return
         ops = self._ops
         assert ops is not None
-        self._drain()
         ops.unwatch()
         ops.limit(None)
         self._native = False
@@ -376,26 +383,26 @@ class SimBackend(Backend):
         self.tracker.mode.__enter__()
         self._mode = self.tracker.mode
 
-    def _drain(self) -> None:
-        """Replay what the op counter counted and freed since the last drain on the segments."""
-        ops = self._ops
+    def _segments(self) -> _Segments:
+        """Both segment models' figures: the tracker's and the op counter's, each counting the
+        tests it counts (the op counter replays its blocks on a model of its own)."""
+        self.tracker.flush()  # frees of storages that died reach the segments first
+        seg = self.segments
+        ops = self._ops.segments() if self._ops is not None else None
         if ops is None:
-            return
-        events = ops.take_events()
-        if not events:
-            return
-        blocks = self._native_blocks
-        malloc, free = self.segments.malloc, self.segments.free
-        pairs = iter(events)
-        for ident, size in zip(pairs, pairs, strict=True):
-            if ident > 0:
-                blocks[ident] = malloc(size)
-            else:
-                free(blocks.pop(-ident))
-
-    def _flush(self) -> None:
-        self._drain()
-        self.tracker.flush()
+            return _Segments(
+                seg.reserved, seg.peak_reserved, seg.allocated, seg.segments,
+                seg.num_device_alloc, seg.num_device_free, seg.inactive_split_bytes(),
+            )  # fmt: skip
+        return _Segments(
+            seg.reserved + ops.reserved,
+            seg.peak_reserved + ops.peak_reserved,
+            seg.allocated + ops.allocated,
+            seg.segments + ops.segments,
+            seg.num_device_alloc + ops.num_device_alloc,
+            seg.num_device_free + ops.num_device_free,
+            seg.inactive_split_bytes() + ops.inactive_split_bytes,
+        )
 
     def _check_host(self, nbytes: int) -> None:
         limit = self._host_limit
@@ -516,7 +523,6 @@ class SimBackend(Backend):
                 assert self._ops is not None
                 self._ops.unwatch()
                 self._native = False
-                self._drain()
             elif mode is not None:
                 mode.__exit__(None, None, None)
         finally:
@@ -560,11 +566,11 @@ class SimBackend(Backend):
         return self.tracker.peak + (ops.peak if ops is not None else 0)
 
     def reset_peak(self) -> None:
-        self._drain()
         self.tracker.reset_peak()
+        self.segments.reset_peak()
         if self._ops is not None:
             self._ops.reset_peak()
-        self.segments.reset_peak()
+            self._ops.reset_segment_peaks()
 
     def storage_bytes(self, tensor: torch.Tensor) -> int | None:
         if not (self.counted(tensor) if self.computing else _on_device(tensor)):
@@ -572,31 +578,30 @@ class SimBackend(Backend):
         return round_like_cuda_allocator(tensor.untyped_storage().nbytes())
 
     def reserved(self) -> int | None:
-        self._flush()  # frees of storages that died reach the segments first
-        return self.segments.reserved
+        return self._segments().reserved
 
     def peak_reserved(self) -> int | None:
-        self._flush()
-        return self.segments.peak_reserved
+        return self._segments().peak_reserved
 
     def release_cache(self) -> None:
-        self._flush()
+        self.tracker.flush()
         self.segments.empty_cache()
+        if self._ops is not None:
+            self._ops.empty_cache()
 
     def counters(self) -> dict[str, int]:
-        self._flush()
         ooms, retries = self._counters_at_start
+        inactive = self._segments().inactive_split_bytes
         return {
             "num_ooms": self.segments.num_ooms - ooms,
             "num_alloc_retries": self.segments.num_alloc_retries - retries,
-            "inactive_split_bytes": self.segments.inactive_split_bytes(),
+            "inactive_split_bytes": inactive,
         }
 
     def memory_stats_nested(self) -> dict[str, Any]:
         """``torch.cuda.memory_stats_as_nested_dict()`` of the simulated device."""
         allocated, peak = self.allocated(), self.peak_allocated()
-        self._flush()
-        seg = self.segments
+        seg, ooms = self._segments(), self.segments
 
         def stat(current: int, peak: int | None = None) -> dict[str, dict[str, int]]:
             return {"all": {"current": current, "peak": current if peak is None else peak}}
@@ -605,18 +610,17 @@ class SimBackend(Backend):
             "allocated_bytes": stat(allocated, peak),
             "active_bytes": stat(allocated, peak),
             "reserved_bytes": stat(seg.reserved, seg.peak_reserved),
-            "inactive_split_bytes": stat(seg.inactive_split_bytes()),
+            "inactive_split_bytes": stat(seg.inactive_split_bytes),
             "segment": stat(seg.segments),
-            "num_alloc_retries": seg.num_alloc_retries,
-            "num_ooms": seg.num_ooms,
+            "num_alloc_retries": ooms.num_alloc_retries,
+            "num_ooms": ooms.num_ooms,
             "num_device_alloc": seg.num_device_alloc,
             "num_device_free": seg.num_device_free,
         }
 
     def memory_summary(self) -> str:
         allocated, peak = self.allocated(), self.peak_allocated()
-        self._flush()
-        seg = self.segments
+        seg, ooms = self._segments(), self.segments
         capacity = "unlimited" if self.capacity is None else format_size(self.capacity)
         return "\n".join(
             [
@@ -625,10 +629,10 @@ class SimBackend(Backend):
                 f"  reserved:  {format_size(seg.reserved)} (peak {format_size(seg.peak_reserved)})"
                 f" in {seg.segments} segments",
                 f"  cached, not allocated: {format_size(seg.reserved - seg.allocated)}"
-                f" ({format_size(seg.inactive_split_bytes())} in partly used segments)",
+                f" ({format_size(seg.inactive_split_bytes)} in partly used segments)",
                 f"  capacity: {capacity}",
-                f"  out-of-memory errors: {seg.num_ooms}, allocator retries: "
-                f"{seg.num_alloc_retries}",
+                f"  out-of-memory errors: {ooms.num_ooms}, allocator retries: "
+                f"{ooms.num_alloc_retries}",
             ]
         )
 
