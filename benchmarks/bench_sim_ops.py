@@ -1,0 +1,98 @@
+"""What the simulated device adds to each operation of a test that computes its values.
+
+Runs a loop of small tensor operations (an optimizer-like update on a 4x4 tensor: six
+operations an iteration) plain on the CPU, then computing on the simulated device the default
+way (op outputs counted by the op counter in C++, ``device="cuda"`` answered below Python), and
+then through Python hooks (a function mode that sends ``device="cuda"`` to the CPU and a
+dispatch mode that counts each output, as where the counting library cannot be built).
+Prints the median time per operation of each, over rounds that alternate the three.
+
+    python benchmarks/bench_sim_ops.py [--iterations 20000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+
+from pytest_vram.backends import cudaremap, fakecuda
+from pytest_vram.backends.sim import SimBackend
+
+OPS_PER_ITERATION = 6
+
+
+def update_loop(iterations: int, device: str) -> float:
+    """Seconds per operation of a loop of small in-place and out-of-place updates."""
+    param = torch.randn(4, 4, device=device)
+    grad = torch.randn(4, 4, device=device)
+    momentum = torch.zeros_like(param)
+    started = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(iterations):
+            momentum.mul_(0.9).add_(grad, alpha=0.1)
+            step = momentum / (momentum.abs() + 1e-8)
+            param.sub_(step * 0.01)
+    return (time.perf_counter() - started) / (iterations * OPS_PER_ITERATION)
+
+
+class Simulated(AbstractContextManager):
+    """One computing test on the simulated device; ``hooks``: through the Python hooks."""
+
+    def __init__(self, hooks: bool) -> None:
+        # A capacity makes the tracker count (its out-of-memory comes at the allocation), and
+        # without the below-Python remapping the function mode answers device="cuda".
+        self.backend = SimBackend(capacity="1TB" if hooks else None)
+        self.backend.use_values(True)
+        self._hooks = hooks
+        self._available: Callable[[], bool] = cudaremap.available
+
+    def __enter__(self) -> Simulated:
+        if self._hooks:
+            fakecuda.cudaremap.available = lambda: False  # type: ignore[attr-defined]
+        self.backend.begin_test()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.backend.end_test()
+        fakecuda.cudaremap.available = self._available  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    variants: dict[str, Callable[[], AbstractContextManager]] = {
+        "plain, on the CPU": nullcontext,
+        "sim computing (op counter)": lambda: Simulated(hooks=False),
+        "sim computing, Python hooks": lambda: Simulated(hooks=True),
+    }
+    devices = {"plain, on the CPU": "cpu"}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, context in variants.items():
+            with context():
+                device = devices.get(name, "cuda")
+                update_loop(200, device)  # warm up
+                times[name].append(update_loop(args.iterations, device))
+    plain = statistics.median(times["plain, on the CPU"])
+    print(
+        f"{args.iterations} iterations of {OPS_PER_ITERATION} ops on 4x4 tensors, "
+        f"median of {args.rounds} rounds"
+    )
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        print(
+            f"  {name:30} {median * 1e6:6.2f} us/op  extra {(median - plain) * 1e6:5.2f} us/op"
+            f"  ratio {median / plain:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
