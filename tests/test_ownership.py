@@ -103,6 +103,19 @@ def peaks(pytester: pytest.Pytester, backend: str, *args: str) -> dict[str, int]
 
 
 @pytest.mark.slow
+def leftovers(pytester: pytest.Pytester, passed: int) -> dict[str, int]:
+    """Each test's leftover, by test name, from a cpu-backend run whose tests all pass."""
+    out = pytester.path / "out.json"
+    result = pytester.runpytest(
+        "--vram-backend=cpu", "--vram-report", f"--vram-json={out}", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=passed)
+    return {
+        test["nodeid"].split("::")[-1]: test["leftover"]
+        for test in json.loads(out.read_text())["tests"]
+    }
+
+
 def test_every_test_peaks_alike_alone_in_the_suite_and_reversed(
     pytester: pytest.Pytester, suite: tuple[str, list[str]]
 ) -> None:
@@ -207,15 +220,7 @@ def test_leftover_is_what_the_test_left_not_what_its_fixtures_hold(
             pass
         """
     )
-    out = pytester.path / "out.json"
-    result = pytester.runpytest(
-        "--vram-backend=cpu", "--vram-report", f"--vram-json={out}", "-p", "no:randomly"
-    )
-    result.assert_outcomes(passed=3)
-    leftover = {
-        test["nodeid"].split("::")[-1]: test["leftover"]
-        for test in json.loads(out.read_text())["tests"]
-    }
+    leftover = leftovers(pytester, passed=3)
     assert leftover == {"test_makes_the_fixture": 0, "test_leaks": 4 * KiB, "test_last": 0}
 
 
@@ -289,15 +294,7 @@ def test_a_fixture_that_held_a_reference_cycle_is_collected_when_it_ends(
             KEPT.append(torch.ones(1024))  # 4 KiB again, and the module ends
         """
     )
-    out = pytester.path / "out.json"
-    result = pytester.runpytest(
-        "--vram-backend=cpu", "--vram-report", f"--vram-json={out}", "-p", "no:randomly"
-    )
-    result.assert_outcomes(passed=2)
-    leftover = {
-        test["nodeid"].split("::")[-1]: test["leftover"]
-        for test in json.loads(out.read_text())["tests"]
-    }
+    leftover = leftovers(pytester, passed=2)
     # The fixture, in the oldest generation since the first test's end, is garbage once its
     # module ends: a full collection frees it, though the one before found nothing to free.
     assert leftover == {"test_keeps": 4 * KiB, "test_last": 4 * KiB}

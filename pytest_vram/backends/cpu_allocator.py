@@ -361,7 +361,34 @@ def load() -> ctypes.CDLL:
     return library
 
 
-class AllocatorCounter:
+class _ReadInPlace:
+    """A counter of the library's whose current and peak bytes Python reads straight from its
+    memory (offsets 0 and 8): a ctypes call per read would cost a microsecond, several per
+    test."""
+
+    _library: ctypes.CDLL
+
+    def _open(self, address: int) -> None:
+        self._handle = ctypes.c_void_p(address)
+        self._current = ctypes.c_int64.from_address(address)
+        self._peak = ctypes.c_int64.from_address(address + 8)
+
+    def _check_installed(self) -> None:
+        if not self._library.pytest_vram_installed():
+            raise CounterUnavailable(
+                "PyTorch's CPU allocator was replaced after pytest-vram installed its counter"
+            )
+
+    @property
+    def current(self) -> int:
+        return self._current.value
+
+    @property
+    def peak(self) -> int:
+        return self._peak.value
+
+
+class AllocatorCounter(_ReadInPlace):
     """Bytes of the CPU blocks allocated on the watching thread and still alive, and their peak.
 
     :meth:`watch` counts the calling thread's allocations from then on, until :meth:`unwatch`;
@@ -373,17 +400,10 @@ class AllocatorCounter:
 
     def __init__(self) -> None:
         self._library = load()
-        address = self._library.pytest_vram_new_counter()
-        self._handle = ctypes.c_void_p(address)
-        # Read in place: a ctypes call per read would cost a microsecond, several per test.
-        self._current = ctypes.c_int64.from_address(address)
-        self._peak = ctypes.c_int64.from_address(address + 8)
+        self._open(self._library.pytest_vram_new_counter())
 
     def watch(self) -> None:
-        if not self._library.pytest_vram_installed():
-            raise CounterUnavailable(
-                "PyTorch's CPU allocator was replaced after pytest-vram installed its counter"
-            )
+        self._check_installed()
         if self._library.pytest_vram_watch(self._handle) != 0:
             raise CounterUnavailable("four counters already watch CPU allocations")
 
@@ -395,19 +415,11 @@ class AllocatorCounter:
         with contextlib.suppress(Exception):
             self.unwatch()
 
-    @property
-    def current(self) -> int:
-        return self._current.value
-
-    @property
-    def peak(self) -> int:
-        return self._peak.value
-
     def reset_peak(self) -> None:
         self._library.pytest_vram_reset_peak(self._handle)
 
 
-class OpCounter:
+class OpCounter(_ReadInPlace):
     """Bytes of what ops return on the watching thread and still alive, rounded as the CUDA
     caching allocator rounds them, and their peak: the simulated device's count of a test that
     computes on the CPU.
@@ -423,32 +435,18 @@ class OpCounter:
 
     def __init__(self) -> None:
         self._library = library = load()
-        address = library.pytest_vram_new_op_counter()
-        self._handle = ctypes.c_void_p(address)
-        self._current = ctypes.c_int64.from_address(address)
-        self._peak = ctypes.c_int64.from_address(address + 8)
+        self._open(library.pytest_vram_new_op_counter())
         self._uncounted = library.pytest_vram_op_uncounted
         self._figures = (ctypes.c_int64 * len(SegmentFigures._fields))()
 
     def watch(self) -> None:
         """Count the calling thread's op outputs from now on."""
-        if not self._library.pytest_vram_installed():
-            raise CounterUnavailable(
-                "PyTorch's CPU allocator was replaced after pytest-vram installed its counter"
-            )
+        self._check_installed()
         if self._library.pytest_vram_op_watch(self._handle) != 0:
             raise CounterUnavailable("another op counter watches this thread")
 
     def unwatch(self) -> None:
         self._library.pytest_vram_op_unwatch(self._handle)
-
-    @property
-    def current(self) -> int:
-        return self._current.value
-
-    @property
-    def peak(self) -> int:
-        return self._peak.value
 
     def reset_peak(self) -> None:
         self._library.pytest_vram_op_reset_peak(self._handle)
