@@ -235,6 +235,9 @@ def test_user_cpu_workflow() -> None:
     (command,) = _pytest_commands(workflow)
     assert "--vram-report" in command and "--junitxml=reports/junit.xml" in command
     _check_reports(workflow, "reports/junit.xml")
+    # Files known to read values compute from their first test in the next run too.
+    (cache,) = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/cache@")]
+    assert ".pytest_cache" in cache["with"]["path"].split()
 
 
 def test_user_gpu_workflow() -> None:
