@@ -646,8 +646,8 @@ void pytest_vram_op_limit(void* handle, int64_t limit, const char* head, const c
   counter->limit_tail = tail != nullptr ? tail : "";
 }
 
-// The segment model's figures: reserved, its peak, allocated, its peak, segments, segments
-// asked of the driver, segments given back, and the free bytes of partly used segments.
+// The segment model's figures, as SegmentFigures orders them: reserved, its peak, allocated,
+// its peak, segments, segments asked of the driver and segments given back.
 void pytest_vram_op_segments(void* handle, int64_t* out) {
   auto* counter = static_cast<OpCounter*>(handle);
   std::lock_guard<std::mutex> guard(counter->mutex);
@@ -659,7 +659,13 @@ void pytest_vram_op_segments(void* handle, int64_t* out) {
   out[4] = model.segments;
   out[5] = model.num_device_alloc;
   out[6] = model.num_device_free;
-  out[7] = model.inactive_split_bytes();
+}
+
+// The free bytes of partly used segments, which empty_cache cannot give back.
+int64_t pytest_vram_op_inactive_split_bytes(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::lock_guard<std::mutex> guard(counter->mutex);
+  return counter->segments.inactive_split_bytes();
 }
 
 // torch.cuda.empty_cache(): the entirely free segments go back; the bytes released.

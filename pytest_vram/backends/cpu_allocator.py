@@ -30,15 +30,15 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
+
+from pytest_vram.backends.segments import SegmentFigures
 
 __all__ = [
     "AllocatorCounter",
     "CounterUnavailable",
     "OpCounter",
-    "SegmentFigures",
     "cache_dir",
     "check_library",
     "find_compiler",
@@ -342,6 +342,7 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_segments", None, [handle, ctypes.POINTER(ctypes.c_int64)]),
         ("pytest_vram_op_empty_cache", ctypes.c_int64, [handle]),
         ("pytest_vram_op_reset_segment_peaks", None, [handle]),
+        ("pytest_vram_op_inactive_split_bytes", ctypes.c_int64, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
         ("pytest_vram_cuda_guard", ctypes.c_int, [ctypes.c_int]),
     ]:
@@ -482,9 +483,12 @@ class OpCounter(_ReadInPlace):
 
     def segments(self) -> SegmentFigures:
         """The segment model's figures now."""
-        library = self._library
-        library.pytest_vram_op_segments(self._handle, self._figures)
+        self._library.pytest_vram_op_segments(self._handle, self._figures)
         return SegmentFigures(*self._figures)
+
+    def inactive_split_bytes(self) -> int:
+        """Cached bytes in segments that are partly in use (a walk over the cached blocks)."""
+        return self._library.pytest_vram_op_inactive_split_bytes(self._handle)
 
     def empty_cache(self) -> int:
         """Give the entirely free segments back; the bytes released."""
@@ -492,16 +496,3 @@ class OpCounter(_ReadInPlace):
 
     def reset_segment_peaks(self) -> None:
         self._library.pytest_vram_op_reset_segment_peaks(self._handle)
-
-
-class SegmentFigures(NamedTuple):
-    """An op counter's segment model, as :class:`CachingAllocatorModel` names its figures."""
-
-    reserved: int
-    peak_reserved: int
-    allocated: int
-    peak_allocated: int
-    segments: int
-    num_device_alloc: int
-    num_device_free: int
-    inactive_split_bytes: int

@@ -32,7 +32,7 @@ import torch.amp.autocast_mode
 
 from pytest_vram.backends import cpu_allocator
 
-__all__ = ["activate", "available", "deactivate", "replacements"]
+__all__ = ["activate", "available", "deactivate", "is_cuda_device", "replacements"]
 
 _CPU = torch.device("cpu")
 _NOT_COMPILED = "Torch not compiled with CUDA enabled"
@@ -107,7 +107,9 @@ def deactivate() -> None:
     cpu_allocator.load().pytest_vram_cuda_guard(0)
 
 
-def _is_cuda(device: object) -> bool:
+def is_cuda_device(device: object) -> bool:
+    """Whether a ``device=`` value names a CUDA device: ``"cuda"``, ``"cuda:1"``, a
+    ``torch.device`` of type cuda, or a bare index (which PyTorch reads as a CUDA device)."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     if isinstance(device, str):
@@ -150,7 +152,7 @@ def _factory(
                     return original(*args, **kwargs)
         if kwargs:
             device = kwargs.get("device")
-            if device is not None and _is_cuda(device):
+            if device is not None and is_cuda_device(device):
                 kwargs["device"] = _CPU
             if kwargs.get("pin_memory"):
                 kwargs["pin_memory"] = False

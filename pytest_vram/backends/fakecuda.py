@@ -43,6 +43,7 @@ from torch.utils import _device
 from torch.utils.data._utils import pin_memory as pin_memory_module
 
 from pytest_vram.backends import cudaremap
+from pytest_vram.backends.cudaremap import is_cuda_device
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
@@ -96,16 +97,6 @@ class SimulatedDeviceProperties:
 
 
 DEVICE_NAME = "pytest-vram simulated CUDA device"
-
-
-def is_cuda_device(device: object) -> bool:
-    """Whether a ``device=`` value names a CUDA device: ``"cuda"``, ``"cuda:1"``, a
-    ``torch.device`` of type cuda, or a bare index (which PyTorch reads as a CUDA device)."""
-    if isinstance(device, torch.device):
-        return device.type == "cuda"
-    if isinstance(device, str):
-        return device == "cuda" or device.startswith("cuda:")
-    return isinstance(device, int) and not isinstance(device, bool)
 
 
 # ---------------------------------------------------------------------------------------------

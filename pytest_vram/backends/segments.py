@@ -23,10 +23,17 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["Block", "CachingAllocatorModel", "format_cuda_size", "segment_size_for"]
+__all__ = [
+    "Block",
+    "CachingAllocatorModel",
+    "SegmentFigures",
+    "format_cuda_size",
+    "segment_size_for",
+]
 
 MIN_BLOCK = 512
 SMALL_REQUEST = 1 << 20  # requests up to this size use the small pool
@@ -110,6 +117,18 @@ class _Pool:
         if i == len(keys):
             return None
         return self.blocks[keys[i] & _ADDRESS_MASK]
+
+
+class SegmentFigures(NamedTuple):
+    """A segment model's counters, each read in constant time."""
+
+    reserved: int
+    peak_reserved: int
+    allocated: int
+    peak_allocated: int
+    segments: int
+    num_device_alloc: int
+    num_device_free: int
 
 
 class CachingAllocatorModel:
@@ -212,6 +231,17 @@ class CachingAllocatorModel:
     def reset_peak(self) -> None:
         self.peak_reserved = self.reserved
         self.peak_allocated = self.allocated
+
+    def figures(self) -> SegmentFigures:
+        return SegmentFigures(
+            self.reserved,
+            self.peak_reserved,
+            self.allocated,
+            self.peak_allocated,
+            self.segments,
+            self.num_device_alloc,
+            self.num_device_free,
+        )
 
     @property
     def cached(self) -> int:

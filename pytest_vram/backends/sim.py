@@ -26,7 +26,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -40,7 +40,7 @@ from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.base import Backend
 from pytest_vram.backends.fakecuda import VirtualCuda
 from pytest_vram.backends.known import KnownValues
-from pytest_vram.backends.segments import CachingAllocatorModel
+from pytest_vram.backends.segments import CachingAllocatorModel, SegmentFigures
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 from pytest_vram.units import format_size, parse_size
 
@@ -72,16 +72,6 @@ _HOST_MESSAGE_START = "the simulated device computes this test's values on the C
 
 #: What computing leaves the rest of the host: a tenth of what was available, at least this.
 HOST_MARGIN = 512 << 20
-
-
-class _Segments(NamedTuple):
-    reserved: int
-    peak_reserved: int
-    allocated: int
-    segments: int
-    num_device_alloc: int
-    num_device_free: int
-    inactive_split_bytes: int
 
 
 class HostMemoryExceeded(torch.OutOfMemoryError):
@@ -383,25 +373,19 @@ class SimBackend(Backend):
         self.tracker.mode.__enter__()
         self._mode = self.tracker.mode
 
-    def _segments(self) -> _Segments:
-        """Both segment models' figures: the tracker's and the op counter's, each counting the
-        tests it counts (the op counter replays its blocks on a model of its own)."""
+    def _segments(self) -> SegmentFigures:
+        """Both segment models' figures, summed: the tracker's and the op counter's, each for
+        the tests it counts (the op counter replays its blocks on a model of its own)."""
         self.tracker.flush()  # frees of storages that died reach the segments first
-        seg = self.segments
-        ops = self._ops.segments() if self._ops is not None else None
-        if ops is None:
-            return _Segments(
-                seg.reserved, seg.peak_reserved, seg.allocated, seg.segments,
-                seg.num_device_alloc, seg.num_device_free, seg.inactive_split_bytes(),
-            )  # fmt: skip
-        return _Segments(
-            seg.reserved + ops.reserved,
-            seg.peak_reserved + ops.peak_reserved,
-            seg.allocated + ops.allocated,
-            seg.segments + ops.segments,
-            seg.num_device_alloc + ops.num_device_alloc,
-            seg.num_device_free + ops.num_device_free,
-            seg.inactive_split_bytes() + ops.inactive_split_bytes,
+        figures = self.segments.figures()
+        if self._ops is None:
+            return figures
+        return SegmentFigures(*map(sum, zip(figures, self._ops.segments(), strict=True)))
+
+    def _inactive_split_bytes(self) -> int:
+        ops = self._ops
+        return self.segments.inactive_split_bytes() + (
+            ops.inactive_split_bytes() if ops is not None else 0
         )
 
     def _check_host(self, nbytes: int) -> None:
@@ -591,7 +575,8 @@ class SimBackend(Backend):
 
     def counters(self) -> dict[str, int]:
         ooms, retries = self._counters_at_start
-        inactive = self._segments().inactive_split_bytes
+        self.tracker.flush()
+        inactive = self._inactive_split_bytes()
         return {
             "num_ooms": self.segments.num_ooms - ooms,
             "num_alloc_retries": self.segments.num_alloc_retries - retries,
@@ -610,7 +595,7 @@ class SimBackend(Backend):
             "allocated_bytes": stat(allocated, peak),
             "active_bytes": stat(allocated, peak),
             "reserved_bytes": stat(seg.reserved, seg.peak_reserved),
-            "inactive_split_bytes": stat(seg.inactive_split_bytes),
+            "inactive_split_bytes": stat(self._inactive_split_bytes()),
             "segment": stat(seg.segments),
             "num_alloc_retries": ooms.num_alloc_retries,
             "num_ooms": ooms.num_ooms,
@@ -629,7 +614,7 @@ class SimBackend(Backend):
                 f"  reserved:  {format_size(seg.reserved)} (peak {format_size(seg.peak_reserved)})"
                 f" in {seg.segments} segments",
                 f"  cached, not allocated: {format_size(seg.reserved - seg.allocated)}"
-                f" ({format_size(seg.inactive_split_bytes)} in partly used segments)",
+                f" ({format_size(self._inactive_split_bytes())} in partly used segments)",
                 f"  capacity: {capacity}",
                 f"  out-of-memory errors: {ooms.num_ooms}, allocator retries: "
                 f"{ooms.num_alloc_retries}",
