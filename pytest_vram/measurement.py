@@ -43,21 +43,44 @@ class OldGarbage:
         self.possible = True
         self._watching = False
         self._ours = False
+        self._modules = 0
 
     def watch(self) -> None:
-        if _GENERATIONAL and not self._watching:
+        """Start watching, with what exists now frozen (``gc.freeze()``): with torch imported
+        that is millions of objects, made at import and collection and none of them a
+        test's, which a full collection then leaves out."""
+        if self._watching:
+            return
+        gc.freeze()
+        self._modules = len(sys.modules)
+        if _GENERATIONAL:
             gc.callbacks.append(self._seen)
-            self._watching = True
+        self._watching = True
 
     def unwatch(self) -> None:
         if self._watching:
-            gc.callbacks.remove(self._seen)
+            if _GENERATIONAL:
+                gc.callbacks.remove(self._seen)
+            gc.unfreeze()
             self._watching = False
         self.possible = True
 
     def let_go(self) -> None:
         """What outlived a test (a fixture, an exception) may be garbage now."""
         self.possible = True
+
+    def collect_all(self) -> None:
+        """A full collection. Modules imported since the session froze what existed (a
+        library's lazy imports, such as torch._dynamo and sympy) bring hundreds of thousands
+        of objects that are never garbage and that every later full collection would walk.
+        Right after a full collection nothing is garbage, so what survives it is frozen too
+        when modules were imported: what was alive then and becomes cyclic garbage later is
+        collected after the session."""
+        gc.collect()
+        modules = len(sys.modules)
+        if self._watching and modules > self._modules:
+            gc.freeze()
+            self._modules = modules
 
     def collect_young(self) -> None:
         self._ours = True
@@ -92,7 +115,7 @@ def collect_garbage(backend: Backend, floor: int, old: OldGarbage = OLD_GARBAGE)
     old.collect_young()
     left = backend.allocated()
     if left > floor and old.possible:
-        gc.collect()
+        old.collect_all()
         left = backend.allocated()
     return left
 

@@ -8,7 +8,6 @@ as plain data on the teardown report, and only the controller writes.
 
 from __future__ import annotations
 
-import gc
 import os
 from typing import Any
 
@@ -92,17 +91,14 @@ class VramSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session):  # type: ignore[no-untyped-def]
         # A test that leaves memory allocated gets a full garbage collection, to tell a leak
-        # from a reference cycle. With torch imported that walks millions of objects made at
-        # import and collection, none of them a test's: frozen, they are left out, and a
-        # collection walks what the tests made. (Not collected first: that alone would cost a
-        # small suite a tenth of its time; what is garbage now is freed after the run.)
-        gc.freeze()
+        # from a reference cycle. What exists now is frozen, left out of it (not collected
+        # first: that alone would cost a small suite a tenth of its time; what is garbage now
+        # is freed after the run).
         OLD_GARBAGE.watch()
         try:
             return (yield)
         finally:
             OLD_GARBAGE.unwatch()
-            gc.unfreeze()
 
     def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
         # What a broader-scoped fixture held may be garbage in the oldest generation now.

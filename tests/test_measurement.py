@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+import types
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -351,3 +353,32 @@ def test_an_automatic_collection_of_generation_1_makes_the_next_one_full(
     assert not old_garbage.possible
     gc.collect(1)  # not the plugin's: a busy test's objects may have aged
     assert old_garbage.possible
+
+
+def test_a_full_collection_after_an_import_freezes_what_survives_it(
+    old_garbage: measurement_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frozen = gc.get_freeze_count()
+    kept = [[] for _ in range(1000)]  # tracked by the collector, as objects() are not
+    garbage = Cycle(None)
+    del garbage
+    old_garbage.collect_all()  # no module was imported: nothing more is frozen
+    assert gc.get_freeze_count() == frozen
+    monkeypatch.setitem(sys.modules, "imported_during_a_test", types.ModuleType("x"))
+    found = []
+    gc.callbacks.append(lambda phase, info: found.append(info.get("collected", 0)))
+    try:
+        garbage = Cycle(None)
+        del garbage
+        old_garbage.collect_all()
+    finally:
+        gc.callbacks.pop()
+    assert sum(found) >= 1  # the cycle was collected, not frozen
+    refrozen = gc.get_freeze_count()
+    assert refrozen >= frozen + len(kept)
+    more = [[] for _ in range(1000)]
+    old_garbage.collect_all()  # until the next import, nothing more
+    assert gc.get_freeze_count() == refrozen
+    old_garbage.unwatch()  # the session's end gives every frozen object back
+    assert gc.get_freeze_count() == 0
+    del kept, more

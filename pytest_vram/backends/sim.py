@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import (
 
 from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.base import Backend
+from pytest_vram.backends.dynamoconfig import load_config_alone
 from pytest_vram.backends.fakecuda import VirtualCuda
 from pytest_vram.backends.known import KnownValues
 from pytest_vram.backends.segments import CachingAllocatorModel, SegmentFigures
@@ -291,10 +292,10 @@ class SimBackend(Backend):
 
     @property
     def fake_mode(self) -> _SimFakeTensorMode:
-        """The session's FakeTensorMode, made when a shape-only test first needs it: making
-        one imports torch._dynamo, over a second, which a run that only computes never
-        needs."""
+        """The session's FakeTensorMode, made when a shape-only test first needs it (and
+        without importing torch._dynamo, which a run that never compiles does not need)."""
         if self._fake_mode is None:
+            load_config_alone()
             self._fake_mode = _SimFakeTensorMode(self.tracker)
         return self._fake_mode
 
