@@ -76,22 +76,23 @@ struct SegmentBlock {
   SegmentBlock* next = nullptr;
 };
 
-// Free blocks by (size, address), for the best fit.
-struct SegmentPool {
-  std::set<std::pair<int64_t, int64_t>> keys;
-  std::unordered_map<int64_t, SegmentBlock*> blocks;
+// Free blocks by (size, address), for the best fit. A block's size and address do not change
+// while it is in a pool.
+struct BySizeThenAddress {
+  bool operator()(const SegmentBlock* a, const SegmentBlock* b) const {
+    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+  }
+};
 
-  void add(SegmentBlock* block) {
-    keys.emplace(block->size, block->addr);
-    blocks[block->addr] = block;
-  }
-  void remove(SegmentBlock* block) {
-    keys.erase({block->size, block->addr});
-    blocks.erase(block->addr);
-  }
+struct SegmentPool {
+  std::set<SegmentBlock*, BySizeThenAddress> blocks;
+
+  void add(SegmentBlock* block) { blocks.insert(block); }
+  void remove(SegmentBlock* block) { blocks.erase(block); }
   SegmentBlock* best_fit(int64_t size) {
-    auto found = keys.lower_bound({size, INT64_MIN});
-    return found == keys.end() ? nullptr : blocks[found->second];
+    SegmentBlock smallest{INT64_MIN, size, false};
+    auto found = blocks.lower_bound(&smallest);
+    return found == blocks.end() ? nullptr : *found;
   }
 };
 
@@ -171,9 +172,9 @@ struct SegmentModel {
     int64_t released = 0;
     for (SegmentPool* pool : {&small_pool, &large_pool}) {
       std::vector<SegmentBlock*> whole;
-      for (auto& entry : pool->blocks) {
-        if (entry.second->prev == nullptr && entry.second->next == nullptr) {
-          whole.push_back(entry.second);
+      for (SegmentBlock* block : pool->blocks) {
+        if (block->prev == nullptr && block->next == nullptr) {
+          whole.push_back(block);
         }
       }
       for (SegmentBlock* block : whole) {
@@ -191,9 +192,9 @@ struct SegmentModel {
   int64_t inactive_split_bytes() const {
     int64_t total = 0;
     for (const SegmentPool* pool : {&small_pool, &large_pool}) {
-      for (const auto& entry : pool->blocks) {
-        if (entry.second->prev != nullptr || entry.second->next != nullptr) {
-          total += entry.second->size;
+      for (const SegmentBlock* block : pool->blocks) {
+        if (block->prev != nullptr || block->next != nullptr) {
+          total += block->size;
         }
       }
     }
