@@ -43,7 +43,11 @@ class OldGarbage:
         self.possible = True
         self._watching = False
         self._ours = False
+        #: The modules there were at the last freeze; -1 after a thaw.
         self._modules = 0
+        #: Whether a freeze since the last thaw may have frozen a broader-scoped fixture's
+        #: value.
+        self._fixtures_frozen = False
 
     def watch(self) -> None:
         """Start watching, with what exists now frozen (``gc.freeze()``): with torch imported
@@ -65,21 +69,32 @@ class OldGarbage:
             self._watching = False
         self.possible = True
 
-    def let_go(self) -> None:
-        """What outlived a test (a fixture, an exception) may be garbage now."""
+    def let_go(self, fixture: bool = False) -> None:
+        """What outlived a test (a broader-scoped ``fixture``, an exception) may be garbage
+        now."""
         self.possible = True
+        if fixture and self._fixtures_frozen:
+            # Frozen, the fixture's reference cycles would wait for the session's end: thawed,
+            # the next full collection frees them, and freezes again what survives it.
+            gc.unfreeze()
+            self._fixtures_frozen = False
+            self._modules = -1
 
     def collect_all(self) -> None:
-        """A full collection. Modules imported since the session froze what existed (a
-        library's lazy imports, such as torch._dynamo and sympy) bring hundreds of thousands
-        of objects that are never garbage and that every later full collection would walk.
-        Right after a full collection nothing is garbage, so what survives it is frozen too
-        when modules were imported: what was alive then and becomes cyclic garbage later is
-        collected after the session."""
+        """A full collection. Modules imported since the last freeze (a library's lazy
+        imports, such as torch._dynamo and sympy) bring hundreds of thousands of objects that
+        are never garbage and that every later full collection would walk. Right after a full
+        collection nothing is garbage, so what survives it is frozen too when modules were
+        imported, or after a thaw. A broader-scoped fixture frozen so is thawed when it ends
+        (:meth:`let_go`); other objects that were alive then and become cyclic garbage later
+        are collected after the session."""
         gc.collect()
         modules = len(sys.modules)
-        if self._watching and modules > self._modules:
+        if self._watching and modules != self._modules:
             gc.freeze()
+            # Refrozen after a thaw, not for an import: no thaw for it, or each fixture's end
+            # would thaw again.
+            self._fixtures_frozen = self._modules >= 0
             self._modules = modules
 
     def collect_young(self) -> None:

@@ -43,6 +43,7 @@ __all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
 
 #: Set on a measured test after its teardown: its finished record.
 RECORD = pytest.StashKey[TestRecord]()
+BROADER_FIXTURES_NAME = "vram-broader-fixtures"
 
 
 class VramSession:
@@ -80,11 +81,22 @@ class VramSession:
         self._current: TestMeasurement | None = None
         #: What :func:`broader_scoped` has worked out, for the tests that share it.
         self._broader: dict[int, Any] = {}
+        #: Registered once a measured test has broader-scoped fixtures: most suites' fixture
+        #: setups then pay nothing for this plugin.
+        self._fixtures: BroaderFixtures | None = None
 
     def close(self) -> None:
         if self.seeder is not None:
             self.seeder.close()
+        if self._fixtures is not None:
+            self.config.pluginmanager.unregister(self._fixtures)
+            self._fixtures = None
         self.pool.close()
+
+    @property
+    def current(self) -> TestMeasurement | None:
+        """The measurement of the test being set up or run, None between tests."""
+        return self._current
 
     # -- the run --------------------------------------------------------------------------
 
@@ -99,11 +111,6 @@ class VramSession:
             return (yield)
         finally:
             OLD_GARBAGE.unwatch()
-
-    def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
-        # What a broader-scoped fixture held may be garbage in the oldest generation now.
-        if fixturedef.scope != "function":
-            OLD_GARBAGE.let_go()
 
     # -- the test's phases ----------------------------------------------------------------
 
@@ -123,20 +130,6 @@ class VramSession:
             skipped = isinstance(exc, pytest.skip.Exception)
             measurement.verdict = Verdict(Status.SKIPPED if skipped else Status.FAILED)
             raise
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-        measurement = self._current
-        if measurement is None or fixturedef.scope == "function":
-            return (yield)
-        # A broader-scoped fixture made in this test's setup counts with what it holds once
-        # made, as it does in a later test that finds it made.
-        view = measurement.backend
-        view.enter_excluded(fixturedef.argname, measurement.reset_peak)
-        try:
-            return (yield)
-        finally:
-            view.exit_excluded()
 
     def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
         pool = self.pool
@@ -175,6 +168,9 @@ class VramSession:
         name = backend.name
         device = pool.device_classes[name]
         fixtures = broader_scoped(item, self._broader)
+        if fixtures and self._fixtures is None:
+            self._fixtures = BroaderFixtures(self)
+            self.config.pluginmanager.register(self._fixtures, BROADER_FIXTURES_NAME)
         view = view_for(item, backend, fixtures) if fixtures else OwnView(backend, 0)
         measurement = TestMeasurement(view, nodeid, device)  # type: ignore[arg-type]
         measurement.marks = marks
@@ -438,6 +434,32 @@ class VramSession:
             terminalreporter.write("\n".join(lines) + "\n")
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
+
+
+class BroaderFixtures:
+    """The fixture hooks of a session whose measured tests have broader-scoped fixtures."""
+
+    def __init__(self, session: VramSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+        measurement = self.session.current
+        if measurement is None or fixturedef.scope == "function":
+            return (yield)
+        # A broader-scoped fixture made in this test's setup counts with what it holds once
+        # made, as it does in a later test that finds it made.
+        view = measurement.backend
+        view.enter_excluded(fixturedef.argname, measurement.reset_peak)
+        try:
+            return (yield)
+        finally:
+            view.exit_excluded()
+
+    def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
+        # What a broader-scoped fixture held may be garbage in the oldest generation now.
+        if fixturedef.scope != "function":
+            OLD_GARBAGE.let_go(fixture=True)
 
 
 class ControllerReports:
