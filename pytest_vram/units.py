@@ -6,6 +6,7 @@ Sizes are ints (bytes) or strings such as ``"72GB"`` (SI, powers of 1000) or ``"
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -114,6 +115,8 @@ def is_si(value: object) -> bool:
     return bool(match) and match.group(2).lower() in _SI_UNITS
 
 
+# Reports format the same few sizes for thousands of tests.
+@functools.lru_cache(maxsize=4096)
 def format_size(nbytes: int) -> str:
     """``1.50 GiB`` style; below 1 KiB as ``512 B``. Negative values keep their sign."""
     sign = "-" if nbytes < 0 else ""
