@@ -6,10 +6,10 @@ machine without a GPU: plain (``-p no:vram``), under ``--vram-report`` with an e
 cache (every test starts shape-only and the files that need values are found), and under
 ``--vram-report`` again (those files compute from the start). Per test the outcomes are
 compared; the table gives passed / failed / skipped per run, the tests whose outcome differs
-from plain, and each run's wall time against plain's. With ``--rounds N`` the plain and cached
-runs are repeated, alternating, N times in all: their wall times are the medians, and the
-cached run's ratio is the median of the rounds' ratios (the machine's drift from one run to the
-next enters each round's ratio less than it enters two separate medians).
+from plain, and each run's wall time against plain's. With ``--rounds N`` the three runs are
+repeated N times in turn, each round's first run again from an empty cache: the wall times are
+the medians, and the ratios the medians of the rounds' ratios (the machine's drift from one run
+to the next enters each round's ratio less than it enters two separate medians).
 
     python benchmarks/bench_third_party.py --python /path/to/venv/bin/python \\
         --suite vector-quantize-pytorch=/src/vector-quantize-pytorch \\
@@ -66,10 +66,11 @@ def run_suite(
         shutil.copytree(path, tree, ignore=shutil.ignore_patterns(".pytest_cache", "baselines"))
         results: dict[str, object] = {}
         times: dict[str, list[float]] = {label: [] for label in RUNS}
-        order = list(RUNS)
-        order += [label for _ in range(rounds - 1) for label in ("plain", "vram (cached)")]
-        for run, label in enumerate(order):
+        for run, label in enumerate(list(RUNS) * rounds):
             options = RUNS[label]
+            if label == "vram (first run)":  # each round's first run starts from no cache
+                shutil.rmtree(tree / ".pytest_cache", ignore_errors=True)
+                shutil.rmtree(work / "baselines", ignore_errors=True)
             junit = work / f"{label.split()[0]}-{run}.xml"
             command = [
                 python, "-m", "pytest", "tests", "-q", "-p", "no:randomly",
@@ -93,12 +94,13 @@ def run_suite(
             times[label].append(elapsed)
             if label not in results:
                 results[label] = outcomes(junit)
-        ratios = [c / p for p, c in zip(times["plain"], times["vram (cached)"], strict=True)]
         return {
             label: (
                 found,
                 statistics.median(times[label]),
-                statistics.median(ratios) if label == "vram (cached)" else None,
+                statistics.median(
+                    run / plain for plain, run in zip(times["plain"], times[label], strict=True)
+                ),
             )
             for label, found in results.items()
         }
@@ -114,7 +116,7 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per pytest run")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="plain and cached runs, alternating (default 1)"
+        "--rounds", type=int, default=1, help="rounds of the three runs (default 1)"
     )
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args()
@@ -125,13 +127,12 @@ def main() -> None:
         results = run_suite(args.python, Path(path), args.pytest_args, args.timeout, args.rounds)
         if results is None:
             continue
-        plain, plain_time, _ = results["plain"]  # type: ignore[misc]
+        plain = results["plain"][0]  # type: ignore[index]
         for label, (found, elapsed, ratio) in results.items():  # type: ignore[misc]
             counts = {o: sum(1 for v in found.values() if v == o) for o in ("passed", "failed")}
             counts["skipped"] = sum(1 for v in found.values() if v == "skipped")
             differ = sorted(t for t, o in found.items() if plain.get(t) != o)
             lost = sorted(t for t in differ if plain.get(t) == "passed")
-            ratio = elapsed / plain_time if ratio is None else ratio
             rows.append((name, label, counts, len(differ), elapsed, ratio, lost))
             for test in differ:
                 print(f"  {name} [{label}] {test}: plain {plain.get(test)}, here {found.get(test)}")
