@@ -48,6 +48,9 @@ class OldGarbage:
         #: Whether a freeze since the last thaw may have frozen a broader-scoped fixture's
         #: value.
         self._fixtures_frozen = False
+        #: How many freezes there were for imports: a fixture made before the last one was
+        #: frozen by it.
+        self.freezes = 0
 
     def watch(self) -> None:
         """Start watching, with what exists now frozen (``gc.freeze()``): with torch imported
@@ -69,11 +72,11 @@ class OldGarbage:
             self._watching = False
         self.possible = True
 
-    def let_go(self, fixture: bool = False) -> None:
-        """What outlived a test (a broader-scoped ``fixture``, an exception) may be garbage
-        now."""
+    def let_go(self, made_at: int | None = None) -> None:
+        """What outlived a test (an exception, or a broader-scoped fixture, with
+        :attr:`freezes` when it was made) may be garbage now."""
         self.possible = True
-        if fixture and self._fixtures_frozen:
+        if made_at is not None and self._fixtures_frozen and made_at < self.freezes:
             # Frozen, the fixture's reference cycles would wait for the session's end: thawed,
             # the next full collection frees them, and freezes again what survives it.
             gc.unfreeze()
@@ -94,7 +97,9 @@ class OldGarbage:
             gc.freeze()
             # Refrozen after a thaw, not for an import: no thaw for it, or each fixture's end
             # would thaw again.
-            self._fixtures_frozen = self._modules >= 0
+            if self._modules >= 0:
+                self._fixtures_frozen = True
+                self.freezes += 1
             self._modules = modules
 
     def collect_young(self) -> None:

@@ -441,11 +441,16 @@ class BroaderFixtures:
 
     def __init__(self, session: VramSession) -> None:
         self.session = session
+        #: Per broader-scoped fixture being made or made: OLD_GARBAGE.freezes then.
+        self._made: dict[Any, int] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+        if fixturedef.scope == "function":
+            return (yield)
+        self._made[fixturedef] = OLD_GARBAGE.freezes
         measurement = self.session.current
-        if measurement is None or fixturedef.scope == "function":
+        if measurement is None:
             return (yield)
         # A broader-scoped fixture made in this test's setup counts with what it holds once
         # made, as it does in a later test that finds it made.
@@ -459,7 +464,8 @@ class BroaderFixtures:
     def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
         # What a broader-scoped fixture held may be garbage in the oldest generation now.
         if fixturedef.scope != "function":
-            OLD_GARBAGE.let_go(fixture=True)
+            # Made before this plugin was registered: it may have been frozen since.
+            OLD_GARBAGE.let_go(made_at=self._made.pop(fixturedef, -1))
 
 
 class ControllerReports:

@@ -387,14 +387,16 @@ def test_a_full_collection_after_an_import_freezes_what_survives_it(
 def test_a_fixture_frozen_by_a_full_collection_is_thawed_when_it_ends(
     old_garbage: measurement_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    made_at = old_garbage.freezes
     fixture_value = [Cycle(None)]  # alive at the full collection after an import
     monkeypatch.setitem(sys.modules, "imported_during_a_test", types.ModuleType("x"))
     old_garbage.collect_all()
     assert gc.get_freeze_count() > 0
     old_garbage.let_go()  # a failed test's exception: its objects were never frozen
+    old_garbage.let_go(made_at=old_garbage.freezes)  # a fixture made since: not frozen
     assert gc.get_freeze_count() > 0
     fixture_value.clear()  # the fixture ends: its cycle is frozen garbage
-    old_garbage.let_go(fixture=True)
+    old_garbage.let_go(made_at=made_at)
     assert gc.get_freeze_count() == 0
     found = []
     gc.callbacks.append(lambda phase, info: found.append(info.get("collected", 0)))
@@ -405,5 +407,5 @@ def test_a_fixture_frozen_by_a_full_collection_is_thawed_when_it_ends(
     assert sum(found) >= 1
     refrozen = gc.get_freeze_count()
     assert refrozen > 0
-    old_garbage.let_go(fixture=True)  # that freeze was no import's: nothing to thaw
+    old_garbage.let_go(made_at=made_at)  # that freeze was no import's: nothing to thaw
     assert gc.get_freeze_count() == refrozen
