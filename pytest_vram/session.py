@@ -35,7 +35,7 @@ from pytest_vram.seeding import Seeder
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
-from pytest_vram.values import COMPUTE, REASON
+from pytest_vram.values import COMPUTE, GUESS, REASON
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
@@ -147,7 +147,10 @@ class VramSession:
             pool.pause_all(keep=backend)
         use_values = getattr(backend, "use_values", None)
         if use_values is not None:  # the simulated device: shape-only, or computing
-            use_values(item.stash.get(COMPUTE, False), item.stash.get(REASON, None))
+            stash = item.stash
+            use_values(
+                stash.get(COMPUTE, False), stash.get(REASON, None), guess=stash.get(GUESS, False)
+            )
         if marks.required is not None:
             total = backend.total_memory()
             if total is not None and total < marks.required:

@@ -10,9 +10,13 @@ again; any other failure is, so that the reported outcome is the one of a run th
 
 The unit is the test file. A file one of whose tests needed values computes its remaining tests
 in this run, and from the next run on all of them, from the start: the file is remembered in
-pytest's cache (``vram/needs_values``; ``--cache-clear`` forgets). Fixtures of a broader scope
-made in one mode hold tensors the other cannot use (fake ones cannot give values, real ones are
-not the shape-only device's), so a test of the other mode finds them torn down and made anew.
+pytest's cache (``vram/needs_values``; ``--cache-clear`` forgets). A file the cache knows
+nothing of, run right after a file that computed, computes too, on a guess: test files next to
+each other tend to be alike. A guess may hold little host memory (``sim.GUESS_BUDGET``); a test
+that needs more runs again shape-only, and so does the rest of its file, remembered as such
+(``vram/shape_only``). Either way the figures are the same. Fixtures of a broader scope made in
+one mode hold tensors the other cannot use (fake ones cannot give values, real ones are not the
+shape-only device's), so a test of the other mode finds them torn down and made anew.
 """
 
 from __future__ import annotations
@@ -30,18 +34,32 @@ from pytest_vram.options import Settings
 from pytest_vram.scenarios import LeakError
 from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, is_xdist_controller
 
-__all__ = ["CACHE_KEY", "COMPUTE", "POLICIES", "REASON", "ValuesOnDemand"]
+__all__ = [
+    "CACHE_KEY",
+    "COMPUTE",
+    "GUESS",
+    "POLICIES",
+    "REASON",
+    "SHAPE_ONLY_KEY",
+    "ValuesOnDemand",
+]
 
 #: pytest's cache key of the test files that compute their values.
 CACHE_KEY = "vram/needs_values"
+#: pytest's cache key of the test files that a guess computed past its budget.
+SHAPE_ONLY_KEY = "vram/shape_only"
 #: What ``--vram-sim-compute`` accepts.
 POLICIES = ("auto", "never", "always")
 #: Set on a sim test before it runs: whether it computes values on the CPU.
 COMPUTE = pytest.StashKey[bool]()
+#: Set on a sim test before it runs: whether it computes on a guess (within a budget).
+GUESS = pytest.StashKey[bool]()
 #: Set on a sim test that computes because its shape-only run failed: the first line of why.
 REASON = pytest.StashKey[str]()
-# The attribute a report of a test that needed values carries, to the controller under xdist.
+# The attributes a report carries to the controller under xdist: the file of a test that
+# needed values, of one that a guess computed past its budget.
 _REPORT_ATTRIBUTE = "vram_needs_values"
+_SHAPE_ONLY_ATTRIBUTE = "vram_shape_only"
 
 
 def module_of(item: pytest.Item) -> str:
@@ -81,13 +99,21 @@ class ValuesOnDemand:
         self.session = session
         self.policy = settings.sim_compute
         cache = getattr(config, "cache", None)
-        remembered = cache.get(CACHE_KEY, []) if cache is not None else []
         #: Test files remembered as needing values when the run started.
-        self.remembered: set[str] = {m for m in remembered if isinstance(m, str)}
+        self.remembered = _remembered(cache, CACHE_KEY)
         #: Test files that compute in this run.
         self.computing: set[str] = set(self.remembered)
         #: Test files found to need values in this run (by this process, or an xdist worker).
         self.found: set[str] = set()
+        #: Test files remembered, or found, to hold more than a guess may compute.
+        self.remembered_shape_only = _remembered(cache, SHAPE_ONLY_KEY)
+        self.shape_only: set[str] = set(self.remembered_shape_only)
+        self.found_shape_only: set[str] = set()
+        #: Test files that compute on a guess in this run, and those begun shape-only.
+        self.guessed: set[str] = set()
+        self._begun_shape_only: set[str] = set()
+        # Whether the file of the sim test that ran last computes.
+        self._last_computed = False
         # Per broader-scoped fixture: whether it was made for a computing test.
         self._made_in: dict[Any, bool] = {}
         self._mode: bool | None = None
@@ -121,11 +147,20 @@ class ValuesOnDemand:
         if self.policy == "never" or not self._on_sim(item):
             return None
         module = module_of(item)
-        computing = self.policy == "always" or module in self.computing
+        computing, guess = self._mode_of(module)
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
-        reports = self._run(item, nextitem, computing)
+        reports = self._run(item, nextitem, computing, guess=guess)
+        if guess and self._ran_out(item):
+            # Too large to compute cheaply: shape-only, as its file from now on.
+            self.guessed.discard(module)
+            self.shape_only.add(module)
+            self._forget(item, saved)
+            computing = False
+            reports = self._run(item, nextitem, False)
+            for report in reports:
+                setattr(report, _SHAPE_ONLY_ATTRIBUTE, module)
         if not computing and self._worth_computing(item, reports):
             reason = _first_line(reports)
             self._forget(item, saved)
@@ -135,10 +170,26 @@ class ValuesOnDemand:
                 self.computing.add(module)
                 for report in reports:
                     setattr(report, _REPORT_ATTRIBUTE, module)
+        self._last_computed = module in self.computing or module in self.guessed
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def _mode_of(self, module: str) -> tuple[bool, bool]:
+        """Whether a test of ``module`` computes, and whether on a guess."""
+        if self.policy == "always" or module in self.computing:
+            return True, False
+        if module in self.guessed:
+            return True, True
+        if module in self.shape_only or module in self._begun_shape_only:
+            return False, False
+        # The file's first test: like the file before it.
+        if self._last_computed:
+            self.guessed.add(module)
+            return True, True
+        self._begun_shape_only.add(module)
+        return False, False
 
     def _run(
         self,
@@ -146,8 +197,11 @@ class ValuesOnDemand:
         nextitem: pytest.Item | None,
         computing: bool,
         reason: str | None = None,
+        *,
+        guess: bool = False,
     ) -> list[pytest.TestReport]:
         item.stash[COMPUTE] = computing
+        item.stash[GUESS] = guess
         if reason is not None:
             item.stash[REASON] = reason
         self._remake_fixtures(item, computing)
@@ -156,6 +210,12 @@ class ValuesOnDemand:
             return runtestprotocol(item, nextitem=nextitem, log=False)
         finally:
             self._mode = None
+
+    def _ran_out(self, item: pytest.Item) -> bool:
+        """Whether a test ran out of memory (computing on a guess: of its budget)."""
+        measurement = item.stash.get(MEASUREMENT, None)
+        raised = measurement.raised if measurement is not None else None
+        return raised is not None and is_out_of_memory(raised)
 
     def _worth_computing(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
         """Whether a shape-only run failed for a reason that computing may not have."""
@@ -218,10 +278,24 @@ class ValuesOnDemand:
         module = getattr(report, _REPORT_ATTRIBUTE, None)
         if isinstance(module, str):
             self.found.add(module)
+        module = getattr(report, _SHAPE_ONLY_ATTRIBUTE, None)
+        if isinstance(module, str):
+            self.found_shape_only.add(module)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         cache = getattr(self.config, "cache", None)
-        if cache is None or hasattr(self.config, "workerinput") or self.found <= self.remembered:
+        if cache is None or hasattr(self.config, "workerinput"):
             return
-        cache.set(CACHE_KEY, sorted(self.remembered | self.found))
+        for key, remembered, found in (
+            (CACHE_KEY, self.remembered, self.found),
+            (SHAPE_ONLY_KEY, self.remembered_shape_only, self.found_shape_only),
+        ):
+            if not found <= remembered:
+                cache.set(key, sorted(remembered | found))
+
+
+def _remembered(cache: Any, key: str) -> set[str]:
+    """The test files pytest's cache lists under ``key``."""
+    listed = cache.get(key, []) if cache is not None else []
+    return {m for m in listed if isinstance(m, str)} if isinstance(listed, list) else set()

@@ -774,6 +774,26 @@ def test_computing_beyond_the_host_memory_fails_with_the_way_out(
     assert 'vram_backend("cuda")' in message and "shape-only" in message
 
 
+def test_computing_on_a_guess_holds_its_budget_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_vram.backends import sim as sim_module
+
+    monkeypatch.setattr(sim_module, "GUESS_BUDGET", 64 * MiB)
+    backend = SimBackend()
+    backend.use_values(True, guess=True)
+    with computing(backend):
+        kept = torch.empty(60 * MiB, dtype=torch.uint8, device="cuda")
+        with pytest.raises(torch.OutOfMemoryError) as raised:
+            torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+        assert backend.allocated() == 60 * MiB
+        del kept
+    assert "computes this test's values on a guess, which may hold 64.00 MiB" in str(raised.value)
+    assert backend.explain_error(raised.value) is None  # the message says it all
+    # Not on a guess, the host's memory is the limit.
+    backend.use_values(True)
+    with computing(backend):
+        torch.empty(68 * MiB, dtype=torch.uint8, device="cuda")
+
+
 def test_a_kernel_cannot_take_more_than_the_host_has() -> None:
     import resource
 

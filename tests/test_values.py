@@ -229,6 +229,83 @@ def test_values_are_computed_once_a_file_is_known_to_need_them(
     result.stdout.fnmatch_lines(["*the simulated device computes no values*"])
 
 
+NEIGHBOURS = {
+    "test_a_reads": """
+import torch
+from notes import note
+
+
+def test_reads():
+    note("a")
+    assert torch.rand(4, device="cuda").sum().item() >= 0.0
+""",
+    "test_b_reads": """
+import torch
+from notes import note
+
+
+def test_reads():
+    note("b")
+    assert torch.rand(4, device="cuda").sum().item() >= 0.0
+""",
+    "test_c_large": """
+import torch
+from notes import note
+
+
+def test_large():
+    note("large")
+    weights = torch.empty(1536 << 20, dtype=torch.uint8, device="cuda")  # 1.5 GiB
+    assert weights.shape == (1536 << 20,)
+
+
+def test_small():
+    note("small")
+    assert torch.ones(4, device="cuda").shape == (4,)
+""",
+    "notes": """
+from pathlib import Path
+
+
+def note(name):
+    with open(Path(__file__).parent / "runs.txt", "a") as runs:
+        runs.write(name + "\\n")
+""",
+}
+
+
+def runs_of(pytester: pytest.Pytester, *args: str, passed: int) -> list[str]:
+    """Which tests' code ran, in order, in one ``--vram-report`` run."""
+    runs = pytester.path / "runs.txt"
+    runs.unlink(missing_ok=True)
+    pytester.runpytest("--vram-report", "-p", "no:randomly", *args).assert_outcomes(passed=passed)
+    return runs.read_text().split()
+
+
+def test_a_file_after_one_that_computed_computes_on_a_guess(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(**{k: v for k, v in NEIGHBOURS.items() if k != "test_c_large"})
+    # The first file tries shape-only; the next, run after one that computed, computes at once.
+    assert runs_of(pytester, passed=2) == ["a", "a", "b"]
+    assert runs_of(pytester, passed=2) == ["a", "b"]
+    cache = json.loads((pytester.path / ".pytest_cache/v/vram/needs_values").read_text())
+    assert cache == ["test_a_reads.py"]  # a guess that held is no evidence
+
+
+def test_a_guess_that_holds_too_much_runs_again_shape_only(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(**NEIGHBOURS)
+    # test_c_large's first test computes on a guess, past the budget: shape-only, as its file.
+    first = runs_of(pytester, passed=4)
+    assert first == ["a", "a", "b", "large", "large", "small"]
+    cache = json.loads((pytester.path / ".pytest_cache/v/vram/shape_only").read_text())
+    assert cache == ["test_c_large.py"]
+    # Remembered: shape-only from the start, with the figures of the first run.
+    pytester.makeini("[pytest]\nvram_baseline_dir = baselines")
+    assert runs_of(pytester, "--vram-update-baselines", passed=4) == ["a", "b", "large", "small"]
+    result = pytester.runpytest("--vram-report", "-p", "no:randomly", "--cache-clear")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*test_c_large.py::test_large*1.50 GiB*ok*"])
+
+
 SAME_STEP = """
 import sys
 sys.path.insert(0, {suites!r})

@@ -73,6 +73,10 @@ _HOST_MESSAGE_START = "the simulated device computes this test's values on the C
 
 #: What computing leaves the rest of the host: a tenth of what was available, at least this.
 HOST_MARGIN = 512 << 20
+#: The most a test computing on a guess may hold: past it, computing was the wrong guess
+#: (shape-only, the test needs no host memory), and a cheap one to have made.
+GUESS_BUDGET = 1 << 30
+_GUESS_MESSAGE_START = "the simulated device computes this test's values on a guess"
 
 
 class HostMemoryExceeded(torch.OutOfMemoryError):
@@ -273,6 +277,8 @@ class SimBackend(Backend):
         self.computing = False
         #: Why it computes: what the shape-only run failed with, for messages.
         self.computing_reason: str | None = None
+        #: Whether it computes on a guess, within :data:`GUESS_BUDGET`.
+        self.guessing = False
         self._counts_now = _on_device
         self._host_depth = 0
         self._active = False
@@ -299,12 +305,16 @@ class SimBackend(Backend):
             self._fake_mode = _SimFakeTensorMode(self.tracker)
         return self._fake_mode
 
-    def use_values(self, computing: bool, reason: str | None = None) -> None:
-        """Run the next test shape-only (False) or on real CPU tensors (True)."""
+    def use_values(
+        self, computing: bool, reason: str | None = None, *, guess: bool = False
+    ) -> None:
+        """Run the next test shape-only (False) or on real CPU tensors (True); with ``guess``,
+        computing may hold :data:`GUESS_BUDGET` at most (more raises an out-of-memory error)."""
         if self._active:
             raise RuntimeError("the simulated device's mode changes between tests only")
         self.computing = computing
         self.computing_reason = reason if computing else None
+        self.guessing = computing and guess
         self._counts_now = _is_host_tensor if computing else _on_device
 
     def _counts(self, tensor: torch.Tensor) -> bool:
@@ -407,6 +417,11 @@ class SimBackend(Backend):
             what = f"{format_size(needed)} of tensors would be live"
         else:
             what = "an allocation did not fit"
+        if self.guessing:
+            return (
+                f"{_GUESS_MESSAGE_START}, which may hold {format_size(GUESS_BUDGET)}: {what}. "
+                "It runs again shape-only."
+            )
         return (
             f"{_HOST_MESSAGE_START}, and this host has not the memory for it: {what}, with "
             f"{format_size(available) if available is not None else 'an unknown amount'} "
@@ -420,10 +435,13 @@ class SimBackend(Backend):
     def _limit_host(self) -> None:
         available = available_host_memory()
         self._host_available = available
-        if available is None:
+        room = None if available is None else max(0, available - max(HOST_MARGIN, available // 10))
+        if self.guessing:
+            room = GUESS_BUDGET if room is None else min(room, GUESS_BUDGET)
+        if room is None:
             self._host_limit = self._host_room = None
             return
-        self._host_room = room = max(0, available - max(HOST_MARGIN, available // 10))
+        self._host_room = room
         if self._native:
             # The op counter refuses an allocation before it is made, a kernel's own included.
             assert self._ops is not None
@@ -624,7 +642,12 @@ class SimBackend(Backend):
 
     def explain_error(self, exc: BaseException) -> str | None:
         if self.computing:
-            if isinstance(exc, HostMemoryExceeded) or _HOST_MESSAGE_START in str(exc):
+            text = str(exc)
+            if (
+                isinstance(exc, HostMemoryExceeded)
+                or _HOST_MESSAGE_START in text
+                or _GUESS_MESSAGE_START in text
+            ):
                 return None  # its message says it all
             if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
                 return self._host_message(None)
