@@ -94,6 +94,9 @@ def run_suite(
             times[label].append(elapsed)
             if label not in results:
                 results[label] = outcomes(junit)
+        if rounds > 1:  # what the medians are of
+            for label, seconds in times.items():
+                print(f"  {path.name} [{label}] rounds: " + " ".join(f"{t:.1f}" for t in seconds))
         return {
             label: (
                 found,
