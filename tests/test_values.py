@@ -306,6 +306,16 @@ def test_a_guess_that_holds_too_much_runs_again_shape_only(pytester: pytest.Pyte
     result.stdout.fnmatch_lines(["*test_c_large.py::test_large*1.50 GiB*ok*"])
 
 
+@pytest.mark.slow
+def test_an_xdist_controller_remembers_what_its_workers_found(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(**NEIGHBOURS)
+    result = pytester.runpytest_subprocess("--vram-report", "-p", "no:randomly", "-n", "1")
+    result.assert_outcomes(passed=4)
+    cache = pytester.path / ".pytest_cache/v/vram"
+    assert json.loads((cache / "needs_values").read_text()) == ["test_a_reads.py"]
+    assert json.loads((cache / "shape_only").read_text()) == ["test_c_large.py"]
+
+
 SAME_STEP = """
 import sys
 sys.path.insert(0, {suites!r})
