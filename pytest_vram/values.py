@@ -12,8 +12,9 @@ The unit is the test file. A file one of whose tests needed values computes its 
 in this run, and from the next run on all of them, from the start: the file is remembered in
 pytest's cache (``vram/needs_values``; ``--cache-clear`` forgets). A file the cache knows
 nothing of, run right after a file that computed, computes too, on a guess: test files next to
-each other tend to be alike. A guess may hold little host memory (``sim.GUESS_BUDGET``); a test
-that needs more runs again shape-only, and so does the rest of its file, remembered as such
+each other tend to be alike. A guess may hold little host memory (``sim.GUESS_BUDGET``). A test
+that fails on a guess (past that budget, or for any reason but a memory verdict) runs again as
+without it, shape-only first, and so does the rest of its file, remembered as such
 (``vram/shape_only``). Either way the figures are the same. Fixtures of a broader scope made in
 one mode hold tensors the other cannot use (fake ones cannot give values, real ones are not the
 shape-only device's), so a test of the other mode finds them torn down and made anew.
@@ -152,15 +153,14 @@ class ValuesOnDemand:
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
-        if guess and self._ran_out(item):
-            # Too large to compute cheaply: shape-only, as its file from now on.
+        guessed_wrong = guess and self._guess_failed(item, reports)
+        if guessed_wrong:
+            # Run as without the guess, and its file from now on: shape-only first.
             self.guessed.discard(module)
             self.shape_only.add(module)
             self._forget(item, saved)
             computing = False
             reports = self._run(item, nextitem, False)
-            for report in reports:
-                setattr(report, _SHAPE_ONLY_ATTRIBUTE, module)
         if not computing and self._worth_computing(item, reports):
             reason = _first_line(reports)
             self._forget(item, saved)
@@ -171,6 +171,9 @@ class ValuesOnDemand:
                 for report in reports:
                     setattr(report, _REPORT_ATTRIBUTE, module)
         self._last_computed = module in self.computing or module in self.guessed
+        if guessed_wrong:
+            for report in reports:
+                setattr(report, _SHAPE_ONLY_ATTRIBUTE, module)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -211,11 +214,17 @@ class ValuesOnDemand:
         finally:
             self._mode = None
 
-    def _ran_out(self, item: pytest.Item) -> bool:
-        """Whether a test ran out of memory (computing on a guess: of its budget)."""
+    def _guess_failed(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
+        """Whether a test computing on a guess failed where shape-only may not: past the
+        guess's budget, or for any reason but a memory verdict or a leak, which are the same
+        in every mode. An xfail is the outcome computing gives, as a plain run does."""
+        if not any(r.failed for r in reports):
+            return False
         measurement = item.stash.get(MEASUREMENT, None)
         raised = measurement.raised if measurement is not None else None
-        return raised is not None and is_out_of_memory(raised)
+        if raised is None:  # a budget or a regression, or teardown failed
+            return any(r.failed for r in reports if r.when == "teardown")
+        return not isinstance(raised, LeakError)
 
     def _worth_computing(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
         """Whether a shape-only run failed for a reason that computing may not have."""

@@ -306,6 +306,28 @@ def test_a_guess_that_holds_too_much_runs_again_shape_only(pytester: pytest.Pyte
     result.stdout.fnmatch_lines(["*test_c_large.py::test_large*1.50 GiB*ok*"])
 
 
+MODE_CHECK = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from notes import note
+
+
+def test_passes_shape_only_alone():
+    note("fake")
+    assert isinstance(torch.ones(1, device="cuda"), FakeTensor)
+"""
+
+
+def test_a_test_that_fails_on_a_guess_runs_as_without_it(pytester: pytest.Pytester) -> None:
+    files = {k: v for k, v in NEIGHBOURS.items() if k in ("test_a_reads", "notes")}
+    pytester.makepyfile(**files, test_b_mode=MODE_CHECK)
+    # Failed on the guess, passed shape-only: reported as it passes without the guess.
+    assert runs_of(pytester, passed=2) == ["a", "a", "fake", "fake"]
+    cache = json.loads((pytester.path / ".pytest_cache/v/vram/shape_only").read_text())
+    assert cache == ["test_b_mode.py"]
+    assert runs_of(pytester, passed=2) == ["a", "fake"]
+
+
 @pytest.mark.slow
 def test_an_xdist_controller_remembers_what_its_workers_found(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(**NEIGHBOURS)
