@@ -47,7 +47,7 @@ __all__ = [
 
 #: pytest's cache key of the test files that compute their values.
 CACHE_KEY = "vram/needs_values"
-#: pytest's cache key of the test files that a guess computed past its budget.
+#: pytest's cache key of the test files one of whose tests failed on a guess.
 SHAPE_ONLY_KEY = "vram/shape_only"
 #: What ``--vram-sim-compute`` accepts.
 POLICIES = ("auto", "never", "always")
@@ -58,7 +58,7 @@ GUESS = pytest.StashKey[bool]()
 #: Set on a sim test that computes because its shape-only run failed: the first line of why.
 REASON = pytest.StashKey[str]()
 # The attributes a report carries to the controller under xdist: the file of a test that
-# needed values, of one that a guess computed past its budget.
+# needed values, of one that failed on a guess.
 _REPORT_ATTRIBUTE = "vram_needs_values"
 _SHAPE_ONLY_ATTRIBUTE = "vram_shape_only"
 
@@ -106,7 +106,7 @@ class ValuesOnDemand:
         self.computing: set[str] = set(self.remembered)
         #: Test files found to need values in this run (by this process, or an xdist worker).
         self.found: set[str] = set()
-        #: Test files remembered, or found, to hold more than a guess may compute.
+        #: Test files remembered, or found, to have failed on a guess: never guessed again.
         self.remembered_shape_only = _remembered(cache, SHAPE_ONLY_KEY)
         self.shape_only: set[str] = set(self.remembered_shape_only)
         self.found_shape_only: set[str] = set()
