@@ -106,13 +106,14 @@ class ValuesOnDemand:
         self.computing: set[str] = set(self.remembered)
         #: Test files found to need values in this run (by this process, or an xdist worker).
         self.found: set[str] = set()
-        #: Test files remembered, or found, to have failed on a guess: never guessed again.
+        #: Test files remembered to have failed on a guess: never guessed again.
         self.remembered_shape_only = _remembered(cache, SHAPE_ONLY_KEY)
+        #: Test files that start shape-only in this run (until one of their tests needs
+        #: values), and those found to have failed on a guess.
         self.shape_only: set[str] = set(self.remembered_shape_only)
         self.found_shape_only: set[str] = set()
-        #: Test files that compute on a guess in this run, and those begun shape-only.
+        #: Test files that compute on a guess in this run.
         self.guessed: set[str] = set()
-        self._begun_shape_only: set[str] = set()
         # Whether the file of the sim test that ran last computes.
         self._last_computed = False
         # Per broader-scoped fixture: whether it was made for a computing test.
@@ -153,7 +154,7 @@ class ValuesOnDemand:
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
-        guessed_wrong = guess and self._guess_failed(item, reports)
+        guessed_wrong = guess and self._worth_another_mode(item, reports, guessed=True)
         if guessed_wrong:
             # Run as without the guess, and its file from now on: shape-only first.
             self.guessed.discard(module)
@@ -161,7 +162,7 @@ class ValuesOnDemand:
             self._forget(item, saved)
             computing = False
             reports = self._run(item, nextitem, False)
-        if not computing and self._worth_computing(item, reports):
+        if not computing and self._worth_another_mode(item, reports):
             reason = _first_line(reports)
             self._forget(item, saved)
             reports = self._run(item, nextitem, True, reason)
@@ -185,13 +186,13 @@ class ValuesOnDemand:
             return True, False
         if module in self.guessed:
             return True, True
-        if module in self.shape_only or module in self._begun_shape_only:
+        if module in self.shape_only:
             return False, False
         # The file's first test: like the file before it.
         if self._last_computed:
             self.guessed.add(module)
             return True, True
-        self._begun_shape_only.add(module)
+        self.shape_only.add(module)
         return False, False
 
     def _run(
@@ -214,21 +215,14 @@ class ValuesOnDemand:
         finally:
             self._mode = None
 
-    def _guess_failed(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
-        """Whether a test computing on a guess failed where shape-only may not: past the
-        guess's budget, or for any reason but a memory verdict or a leak, which are the same
-        in every mode. An xfail is the outcome computing gives, as a plain run does."""
-        if not any(r.failed for r in reports):
-            return False
-        measurement = item.stash.get(MEASUREMENT, None)
-        raised = measurement.raised if measurement is not None else None
-        if raised is None:  # a budget or a regression, or teardown failed
-            return any(r.failed for r in reports if r.when == "teardown")
-        return not isinstance(raised, LeakError)
-
-    def _worth_computing(self, item: pytest.Item, reports: list[pytest.TestReport]) -> bool:
-        """Whether a shape-only run failed for a reason that computing may not have."""
-        if not _failed(reports):
+    def _worth_another_mode(
+        self, item: pytest.Item, reports: list[pytest.TestReport], *, guessed: bool = False
+    ) -> bool:
+        """Whether a run failed for a reason the other mode may not have: shape-only, for
+        want of values; computing on a guess, past its budget or for any other reason. A
+        memory verdict or a leak is the same in every mode, and so is the simulated device's
+        out-of-memory; an xfail on a guess is the outcome computing gives, as plain does."""
+        if not (any(r.failed for r in reports) if guessed else _failed(reports)):
             return False
         measurement = item.stash.get(MEASUREMENT, None)
         raised = measurement.raised if measurement is not None else None
@@ -236,8 +230,10 @@ class ValuesOnDemand:
             # Nothing raised in setup or call: the memory verdict failed (a budget, a
             # regression), or teardown did.
             return any(r.failed for r in reports if r.when == "teardown")
-        # The same allocations run out of the simulated device, or keep growing, computing.
-        return not (is_out_of_memory(raised) or isinstance(raised, LeakError))
+        if isinstance(raised, LeakError):
+            return False
+        # A guess's out-of-memory is its budget's.
+        return guessed or not is_out_of_memory(raised)
 
     def _forget(self, item: pytest.Item, saved: tuple[list[Any], list[Any]]) -> None:
         """Undo what the shape-only run left on the item and in the session's records."""

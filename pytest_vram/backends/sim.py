@@ -76,7 +76,6 @@ HOST_MARGIN = 512 << 20
 #: The most a test computing on a guess may hold: past it, computing was the wrong guess
 #: (shape-only, the test needs no host memory), and a cheap one to have made.
 GUESS_BUDGET = 1 << 30
-_GUESS_MESSAGE_START = "the simulated device computes this test's values on a guess"
 
 
 class HostMemoryExceeded(torch.OutOfMemoryError):
@@ -419,8 +418,8 @@ class SimBackend(Backend):
             what = "an allocation did not fit"
         if self.guessing:
             return (
-                f"{_GUESS_MESSAGE_START}, which may hold {format_size(GUESS_BUDGET)}: {what}. "
-                "It runs again shape-only."
+                f"{_HOST_MESSAGE_START} on a guess, which may hold {format_size(GUESS_BUDGET)}: "
+                f"{what}. It runs again shape-only."
             )
         return (
             f"{_HOST_MESSAGE_START}, and this host has not the memory for it: {what}, with "
@@ -642,12 +641,7 @@ class SimBackend(Backend):
 
     def explain_error(self, exc: BaseException) -> str | None:
         if self.computing:
-            text = str(exc)
-            if (
-                isinstance(exc, HostMemoryExceeded)
-                or _HOST_MESSAGE_START in text
-                or _GUESS_MESSAGE_START in text
-            ):
+            if isinstance(exc, HostMemoryExceeded) or _HOST_MESSAGE_START in str(exc):
                 return None  # its message says it all
             if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
                 return self._host_message(None)
