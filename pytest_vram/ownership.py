@@ -212,9 +212,15 @@ class OwnView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
+    @property
+    def backend(self) -> Backend:
+        """The backend seen."""
+        return self._backend
+
     def begin_test(self) -> None:
         self._backend.begin_test()
         self._offset = self._backend.allocated() - self.held
+        self._excluding = 0
 
     # Not max(0, ...): these are read several times in every test, and the call costs more
     # than the subtraction.

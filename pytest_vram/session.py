@@ -84,6 +84,10 @@ class VramSession:
         #: Registered once a measured test has broader-scoped fixtures: most suites' fixture
         #: setups then pay nothing for this plugin.
         self._fixtures: BroaderFixtures | None = None
+        #: Per backend, the view of the tests without broader-scoped fixtures. One for all of
+        #: them: items live as long as the session, and with them what their measurements
+        #: hold, which every garbage collection of the run walks again.
+        self._plain_views: dict[str, OwnView] = {}
 
     def close(self) -> None:
         if self.seeder is not None:
@@ -174,7 +178,7 @@ class VramSession:
         if fixtures and self._fixtures is None:
             self._fixtures = BroaderFixtures(self)
             self.config.pluginmanager.register(self._fixtures, BROADER_FIXTURES_NAME)
-        view = view_for(item, backend, fixtures) if fixtures else OwnView(backend, 0)
+        view = view_for(item, backend, fixtures) if fixtures else self._plain_view(backend)
         measurement = TestMeasurement(view, nodeid, device)  # type: ignore[arg-type]
         measurement.marks = marks
         if fixtures:
@@ -192,6 +196,12 @@ class VramSession:
             measurement.attributed = self.attribution.begin(backend)
         item.stash[MEASUREMENT] = self._current = measurement
         return measurement
+
+    def _plain_view(self, backend: Backend) -> OwnView:
+        view = self._plain_views.get(backend.name)
+        if view is None or view.backend is not backend:
+            view = self._plain_views[backend.name] = OwnView(backend, 0)
+        return view
 
     def _clean(self, backend: Backend) -> None:
         """Collect what earlier tests left and empty the allocator cache, so that this test
@@ -323,8 +333,10 @@ class VramSession:
             record.outcome = "skipped"
         else:
             record.outcome = "failed" if raised is not None or status.fails else "passed"
-        record.messages = verdict.failures + verdict.notes
-        record.budgets = verdict.budgets
+        if verdict.failures or verdict.notes:
+            record.messages = verdict.failures + verdict.notes
+        if verdict.budgets:  # a shared verdict's list stays its own
+            record.budgets = verdict.budgets
         record.baseline = verdict.baseline
         if self.ranks is not None:
             record = self.ranks.exchange(record, measurement.entry)
@@ -332,6 +344,11 @@ class VramSession:
             item.user_properties.extend(junit_properties(record))
         # For WorkerReports, on the teardown report, and for a rerun to discard it.
         item.stash[RECORD] = record
+        if raised is None:
+            # Kept only for what the test raised, which values on demand reads after the
+            # reports. Items live as long as the session, and every garbage collection of
+            # the run would walk what they hold.
+            del item.stash[MEASUREMENT]
         if not self.is_worker:
             # Its backend's environment is the pool's, in self.environments since it was made.
             self.records.append(record)

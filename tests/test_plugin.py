@@ -540,3 +540,49 @@ def test_compared_peak_does_not_depend_on_test_order(pytester: pytest.Pytester) 
         assert {nodeid: peaks[nodeid] for nodeid in order if nodeid in expected} == {
             nodeid: expected[nodeid] for nodeid in order if nodeid in expected
         }, order
+
+
+def test_a_finished_test_lets_go_of_what_measured_it(pytester: pytest.Pytester) -> None:
+    # Items live as long as the session: what each keeps is walked by every garbage
+    # collection of the run, so a long suite's measured tests must not pile up measurements.
+    pytester.makeconftest(
+        """
+        import gc
+        from pytest_vram.measurement import TestMeasurement
+        from pytest_vram.ownership import OwnView
+        from pytest_vram.verdict import Verdict
+
+        def pytest_sessionfinish(session):
+            kinds = (TestMeasurement, OwnView, Verdict)
+            alive = {kind.__name__: 0 for kind in kinds}
+            for obj in gc.get_objects():
+                if type(obj) in kinds:
+                    alive[type(obj).__name__] += 1
+            print("\\nALIVE", sorted(alive.items()))
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest, torch
+        from pytest_vram import max_vram
+
+        @pytest.mark.parametrize("n", range(30))
+        def test_small(n):
+            x = torch.ones(64 * (n + 1))
+
+        @max_vram("1MiB")
+        def test_under():
+            x = torch.ones(1024)
+        """
+    )
+    result = pytester.runpytest_subprocess(CPU, "--vram-report", "-s", "-p", "no:randomly")
+    result.assert_outcomes(passed=31)
+    # Left: one view for all the tests without broader-scoped fixtures, and the two verdicts
+    # of a test with nothing to judge (new, or ok under --vram-update-baselines), shared.
+    result.stdout.fnmatch_lines(
+        ["ALIVE [[]('OwnView', 1), ('TestMeasurement', 0), ('Verdict', 2)[]]"]
+    )
+    # Each test's figures are still its own.
+    result.stdout.fnmatch_lines(["*::test_small[[]0[]] * cpu * 256 B * 256 B *0 B*new"])
+    result.stdout.fnmatch_lines(["*::test_small[[]29[]] * cpu * 7.50 KiB * 7.50 KiB *0 B*new"])
+    result.stdout.fnmatch_lines(["*::test_under * cpu * 4.00 KiB * 4.00 KiB *0 B*new"])

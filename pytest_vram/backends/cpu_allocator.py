@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -373,6 +374,10 @@ class _ReadInPlace:
         self._handle = ctypes.c_void_p(address)
         self._current = ctypes.c_int64.from_address(address)
         self._peak = ctypes.c_int64.from_address(address + 8)
+        #: :attr:`current` and :attr:`peak` as calls that run no Python code: a backend reads
+        #: them several times a test.
+        self.read_current = functools.partial(getattr, self._current, "value")
+        self.read_peak = functools.partial(getattr, self._peak, "value")
 
     def _check_installed(self) -> None:
         if not self._library.pytest_vram_installed():
