@@ -54,8 +54,8 @@ class Verdict:
 
 
 # The verdicts of the tests with nothing to judge, shared: most tests of a suite without
-# baselines. A test's verdict lives as long as its item, and a new one for each would be four
-# more objects for every garbage collection of the run to walk. Never changed.
+# baselines, each of which would otherwise make four objects for the garbage collector to
+# walk (a failing test's verdict lives as long as its item). Never changed.
 _NOTHING_TO_JUDGE = {status: Verdict(status) for status in (Status.OK, Status.NEW)}
 
 
