@@ -29,17 +29,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from small_tests import TEST_FUNCTION
-
-TEST_FILE = (
-    """
-import pytest
-import torch
-
-
-@pytest.mark.parametrize("n", range({count}))"""
-    + TEST_FUNCTION
-)
+from small_tests import TEST_FILE
 
 MEASURED = ["--vram-report", "--vram-backend=cpu"]
 

@@ -31,16 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  (imported before the first session, as in every later one)
-from small_tests import PASS_THROUGH_MODE, TEST_FUNCTION
-
-TEST_FILE = (
-    """
-import pytest
-import torch
-
-@pytest.mark.parametrize("n", range({count}))"""
-    + TEST_FUNCTION
-)
+from small_tests import PASS_THROUGH_MODE, TEST_FILE
 
 CONFTEST = (
     """

@@ -10,6 +10,16 @@ def test_small(n):
     assert x.sum().item() == 64 * n
 """
 
+# A session's worth of them: the file the whole-session benchmarks write, ``count`` tests.
+TEST_FILE = (
+    """
+import pytest
+import torch
+
+@pytest.mark.parametrize("n", range({count}))"""
+    + TEST_FUNCTION
+)
+
 # Hands every op on unchanged: what PyTorch charges for handing each op to Python, the floor
 # under the cpu backend's dispatch counter, which counts storages from such a mode.
 PASS_THROUGH_MODE = """

@@ -212,11 +212,6 @@ class OwnView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    @property
-    def backend(self) -> Backend:
-        """The backend seen."""
-        return self._backend
-
     def begin_test(self) -> None:
         self._backend.begin_test()
         self._offset = self._backend.allocated() - self.held

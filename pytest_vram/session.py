@@ -199,7 +199,7 @@ class VramSession:
 
     def _plain_view(self, backend: Backend) -> OwnView:
         view = self._plain_views.get(backend.name)
-        if view is None or view.backend is not backend:
+        if view is None:  # the pool makes each backend once a session
             view = self._plain_views[backend.name] = OwnView(backend, 0)
         return view
 

@@ -81,11 +81,10 @@ class CpuBackend(Backend):
         self._notes: list[str] = []
         self.counter: Counter = self._open(counter)
         self._watching = False
-        # The allocator counter's figures, read without a Python call in between.
-        read_current = getattr(self.counter, "read_current", None)
-        if read_current is not None:
-            self.allocated = read_current  # type: ignore[method-assign]
-            self.peak_allocated = self.counter.read_peak  # type: ignore[attr-defined,method-assign]
+        if isinstance(self.counter, AllocatorCounter):
+            # Its figures, read without a Python call in between: several reads a test.
+            self.allocated = self.counter.read_current  # type: ignore[method-assign]
+            self.peak_allocated = self.counter.read_peak  # type: ignore[method-assign]
 
     def _open(self, counter: str) -> Counter:
         if counter not in CPU_COUNTERS:
