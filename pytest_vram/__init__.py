@@ -1,5 +1,6 @@
 """pytest-vram: GPU memory as a tested property of PyTorch code."""
 
+from pytest_vram.errors import VramWarning
 from pytest_vram.marks import (
     max_vram,
     requires_vram,
@@ -11,6 +12,7 @@ from pytest_vram.marks import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "VramWarning",
     "__version__",
     "max_vram",
     "requires_vram",

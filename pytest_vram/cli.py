@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pytest_vram import estimate, junitfiles, shards
+from pytest_vram import __version__, estimate, junitfiles, shards
 from pytest_vram.errors import UsageError
 
 #: Each subcommand's error for input it cannot use; all of them exit 2.
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pytest-vram", description="GPU memory figures for PyTorch code."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     estimate.add_cli_parser(subcommands)
     junitfiles.add_cli_parsers(subcommands)

@@ -1,12 +1,24 @@
-"""The error every ``pytest-vram`` subcommand may raise for input it cannot use.
+"""The error every ``pytest-vram`` subcommand may raise for input it cannot use, and the
+warning category of the plugin.
 
-It lives apart from the command so that subcommands raise it without importing the command
-that catches it.
+They live apart from the command and the session so that any module raises them without
+importing what catches them.
 """
 
 from __future__ import annotations
 
-__all__ = ["UsageError"]
+import pytest
+
+__all__ = ["UsageError", "VramWarning"]
+
+
+class VramWarning(pytest.PytestWarning):
+    """What pytest-vram warns about: a figure it could not check, a baseline entry without a
+    test, baselines measured in another environment.
+
+    Filter or escalate it as any warning: ``-W error::pytest_vram.VramWarning`` fails the test
+    (or the run) that it is about, ``-W ignore::pytest_vram.VramWarning`` silences it.
+    """
 
 
 class UsageError(Exception):

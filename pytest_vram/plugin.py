@@ -112,14 +112,18 @@ def _load_store(settings: Settings) -> BaselineStore:
         raise pytest.UsageError(str(exc)) from None
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     settings = config.stash.get(SETTINGS, None)
-    if settings is None or settings.seed is None or not settings.measure_all:
+    session = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if settings is None or session is None:  # nothing measured yet: say nothing
         return None
-    return (
-        f"vram: each measured test starts from its own seed, derived from {settings.seed} "
-        "(--vram-seed)"
-    )
+    lines = [session.header_line()]
+    if settings.seed is not None and settings.measure_all:
+        lines.append(
+            f"vram: each measured test starts from its own seed, derived from {settings.seed} "
+            "(--vram-seed)"
+        )
+    return lines
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -8,7 +8,10 @@ as plain data on the teardown report, and only the controller writes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends import Backend, BackendUnavailable
 from pytest_vram.baselines import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
+from pytest_vram.errors import VramWarning
 from pytest_vram.frames import is_out_of_memory, release_exception
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measurement import OLD_GARBAGE, TestMeasurement, collect_garbage
@@ -32,7 +36,13 @@ from pytest_vram.report import (
 )
 from pytest_vram.scenarios import LeakError
 from pytest_vram.seeding import Seeder
-from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, Selection
+from pytest_vram.selection import (
+    MARKER_ERROR,
+    MARKS,
+    MEASUREMENT,
+    Selection,
+    is_xdist_controller,
+)
 from pytest_vram.snapshots import SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.values import COMPUTE, GUESS, REASON
@@ -96,6 +106,28 @@ class VramSession:
             self.config.pluginmanager.unregister(self._fixtures)
             self._fixtures = None
         self.pool.close()
+
+    def header_line(self) -> str:
+        """The session header's line: which backend measures, and which baseline file."""
+        from pytest_vram.backends import resolve_name
+        from pytest_vram.baselines import file_name_for
+
+        asked = self.settings.backend
+        if not self.is_worker and is_xdist_controller(self.config):
+            # The controller measures nothing: its workers make the backend.
+            return f"vram: backend {resolve_name(asked)} (--vram-backend={asked}), in each worker"
+        try:
+            backend = self.pool.get(asked)
+        except BackendUnavailable as exc:
+            return f"vram: backend {asked}: not available here ({exc})"
+        device = self.pool.device_classes[backend.name]
+        path = self.settings.baseline_dir / file_name_for(device)
+        stored = self.store.get(device)
+        entries = len(stored.entries) if stored is not None else 0
+        return (
+            f"vram: backend {backend.name} (--vram-backend={asked}), device class {device!r}, "
+            f"baselines {_shown_path(path)} ({entries} {'entry' if entries == 1 else 'entries'})"
+        )
 
     @property
     def current(self) -> TestMeasurement | None:
@@ -229,6 +261,8 @@ class VramSession:
         if measurement.attributed:
             self.attribution.finish_call(measurement.record)
         verdict = measurement.verdict = self._judge(measurement, Outcome.PASSED)
+        if verdict.warnings:
+            verdict = measurement.verdict = _warn(item, verdict)
         if verdict.status.fails:
             __tracebackhide__ = True
             self._dump_snapshot(item, self.pool.backends[measurement.record.backend])
@@ -390,6 +424,14 @@ class VramSession:
         self._add_suite_properties()
         if not self.settings.update_baselines:
             self.notes += self._counter_changes()
+            for path, message in self._environment_changes():
+                self._warn_run(session, path, message)
+        if self.settings.report and not self.settings.prune_baselines:
+            stale = self.stale_entries() if self.selection.collected is not None else []
+            for baseline in self.store.files.values():
+                in_file = [nodeid for nodeid in stale if nodeid in baseline.entries]
+                if in_file:
+                    self._warn_run(session, baseline.path, _stale_warning(in_file))
         writer = BaselineWriter(self.store, self.environments)
         if self.settings.update_baselines:
             writer.update(self.records)
@@ -401,7 +443,14 @@ class VramSession:
                 )
             else:
                 writer.prune(self.stale_entries())
-        written = writer.save() + write_outputs(
+        saved = writer.save()
+        if self.settings.update_baselines and not (saved.lines or saved.errors):
+            stored = sum(1 for record in self.records if record.outcome == "passed")
+            saved.lines.append(
+                f"baselines: no change in {_shown_path(self.settings.baseline_dir)} "
+                f"({stored} {'test' if stored == 1 else 'tests'} measured, figures as stored)"
+            )
+        written = saved + write_outputs(
             lambda: build_document(self.records, self.environments, self._run_facts()),
             self.settings,
             os.environ.get("GITHUB_STEP_SUMMARY"),
@@ -433,6 +482,42 @@ class VramSession:
                 )
         return notes
 
+    def _environment_changes(self) -> list[tuple[Path, str]]:
+        """Baselines measured under another torch, CUDA, driver or pytest-vram: their figures
+        may differ for that reason alone."""
+        messages = []
+        for environment in self.environments.values():
+            stored = self.store.files.get(environment.get("device", ""))
+            if stored is None or not stored.entries:
+                continue
+            changed = [
+                f"{name} {stored.environment[name]} -> {environment[name]}"
+                for name in _ENVIRONMENT_FIELDS
+                if name in stored.environment
+                and name in environment
+                and str(stored.environment[name]) != str(environment[name])
+            ]
+            if changed:
+                messages.append(
+                    (
+                        stored.path,
+                        f"the baselines in {stored.path.name} were measured in another environment "
+                        f"({', '.join(changed)}); update them with --vram-update-baselines once "
+                        "the figures are confirmed",
+                    )
+                )
+        return messages
+
+    def _warn_run(self, session: pytest.Session, path: Path, message: str) -> None:
+        """A warning about a baseline file, told at the file; escalated by ``-W error``, it
+        fails the run."""
+        try:
+            warnings.warn_explicit(VramWarning(message), VramWarning, _shown_path(path), 1)
+        except VramWarning:
+            self.notes.append(f"error: {message} (VramWarning, an error under -W)")
+            if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def _add_suite_properties(self) -> None:
         try:
             from _pytest.junitxml import xml_key
@@ -454,6 +539,43 @@ class VramSession:
             terminalreporter.write("\n".join(lines) + "\n")
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+# The environment fields whose change alone can change a test's figures.
+_ENVIRONMENT_FIELDS = ("torch", "cuda", "hip", "driver", "pytest_vram")
+
+
+def _stale_warning(stale: list[str]) -> str:
+    shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+    entries, them = ("entry has", "it") if len(stale) == 1 else ("entries have", "them")
+    return (
+        f"{len(stale)} baseline {entries} no test any more ({shown}); "
+        f"--vram-prune-baselines removes {them}"
+    )
+
+
+def _warn(item: pytest.Item, verdict: Verdict) -> Verdict:
+    """Issue a verdict's warnings at the test's own location, in its call, where pytest records
+    them for the test; one that a filter turns into an error
+    (``-W error::pytest_vram.VramWarning``) fails the test."""
+    escalated = []
+    for message in verdict.warnings:
+        try:
+            item.warn(VramWarning(message))
+        except VramWarning:
+            escalated.append(f"{message} (VramWarning, an error under -W)")
+    if not escalated:
+        return verdict
+    return dataclasses.replace(
+        verdict, status=Status.FAILED, failures=[*verdict.failures, *escalated]
+    )
 
 
 class BroaderFixtures:

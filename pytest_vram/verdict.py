@@ -51,6 +51,9 @@ class Verdict:
     budgets: list[BudgetResult] = field(default_factory=list)
     #: The baseline entry the test was compared with.
     baseline: dict[str, int] | None = None
+    #: The notes that are warnings (:class:`~pytest_vram.errors.VramWarning`): a figure
+    #: that was not checked.
+    warnings: list[str] = field(default_factory=list)
 
 
 # The verdicts of the tests with nothing to judge, shared: most tests of a suite without
@@ -83,6 +86,7 @@ def judge(
     found: list[Status] = []
     failures: list[str] = []
     notes: list[str] = []
+    unchecked: list[str] = []
     if outcome is Outcome.OUT_OF_MEMORY:
         found.append(Status.OOM)
     elif outcome is Outcome.LEAKED:
@@ -91,8 +95,11 @@ def judge(
         found.append(Status.FAILED)
     if error and outcome in (Outcome.OUT_OF_MEMORY, Outcome.LEAKED):
         failures.append(error)
-    budgets = _check_budgets(record, marks, settings, found, failures, notes, unmeasured or {})
-    verdict = Verdict(Status.OK, failures, notes, budgets)
+    budgets = _check_budgets(
+        record, marks, settings, found, failures, unchecked, unmeasured or {}
+    )
+    notes += unchecked
+    verdict = Verdict(Status.OK, failures, notes, budgets, warnings=unchecked)
     if outcome is Outcome.PASSED and not settings.update_baselines:
         _compare(record, marks, entry, settings, found, verdict)
     verdict.status = min(found, key=lambda status: status.rank, default=Status.OK)
@@ -124,7 +131,7 @@ def _check_budgets(
     settings: Settings,
     found: list[Status],
     failures: list[str],
-    notes: list[str],
+    unchecked: list[str],
     unmeasured: Mapping[str, str],
 ) -> list[BudgetResult]:
     peaks = {
@@ -147,7 +154,7 @@ def _check_budgets(
                 found.append(Status.OVER_BUDGET)
                 failures.append(message + " (--vram-strict)")
             else:
-                notes.append(message)
+                unchecked.append(message)
             passed = not settings.strict
         else:
             passed = peak <= budget.limit
