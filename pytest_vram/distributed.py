@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.atomic import write_atomic
 from pytest_vram.records import TestRecord
 from pytest_vram.status import rank_of
 
@@ -136,12 +137,10 @@ class RankExchange:
         ``entry`` (maximum and per-rank figures). On the others: hand the record over and
         return it unchanged."""
         if not self.reports:
-            self.directory.mkdir(parents=True, exist_ok=True)
             path = self._path(record.nodeid, self.ranks.rank)
-            fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=self.directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(record.to_dict(), handle)
-            os.replace(tmp, path)  # rank 0 sees the whole file or none
+            # Rank 0 sees the whole file or none, and deletes it once read: a flush to disk
+            # would buy nothing. Only this user's ranks read it.
+            write_atomic(path, json.dumps(record.to_dict()), mode=0o600, sync=False)
             return record
         others = {rank: self._receive(record.nodeid, rank) for rank in self._others()}
         records = {0: record}

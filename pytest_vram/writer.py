@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_vram.atomic import write_atomic
 from pytest_vram.baselines import (
     BaselineFile,
     BaselineFileError,
@@ -25,7 +26,6 @@ from pytest_vram.baselines import (
     check_name,
     ensure_gitignore,
     locked,
-    make_directory,
     stored_environment,
     temporary_files_of,
 )
@@ -43,6 +43,7 @@ __all__ = [
     "preflight_problems",
     "write_outputs",
 ]
+
 
 @dataclass
 class Written:
@@ -191,7 +192,7 @@ def write_outputs(
             (
                 f"cannot write --vram-json {path}",
                 path,
-                lambda path=path: _write(path, json.dumps(document, indent=2) + "\n"),
+                lambda path=path: write_atomic(path, json.dumps(document, indent=2) + "\n"),
             )
         )
     if wants_markdown:
@@ -210,7 +211,7 @@ def write_outputs(
                     (
                         f"cannot write --vram-markdown {path}",
                         path,
-                        lambda path=path: _write(path, markdown),
+                        lambda path=path: write_atomic(path, markdown),
                     )
                 )
             if step_summary:
@@ -229,9 +230,10 @@ def write_outputs(
             (
                 f"cannot write --vram-html {path}",
                 path,
-                lambda path=path: _write(path, render_html(document)),
+                lambda path=path: write_atomic(path, render_html(document)),
             )
         )
+    # Each is renamed over the old file: a full disk or a killed run leaves the last report whole.
     for failure, shown, write in outputs:
         if _attempt(written, failure, write) and shown is not None:
             written.lines.append(f"wrote {shown}")
@@ -361,8 +363,3 @@ def _shown(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-def _write(path: Path, text: str) -> None:
-    make_directory(path.parent)
-    path.write_text(text, encoding="utf-8")
