@@ -63,6 +63,8 @@ class TestRecord:
     #: What was live at the peak, when it was broken down: ``total``, ``categories`` (bytes by
     #: parameters, gradients, optimizer, activations, temporaries, other) and ``modules``.
     breakdown: dict[str, Any] | None = None
+    #: Under ``--vram-snapshot-on-fail``: the memory snapshot written for this failing test.
+    snapshot: str | None = None
 
     @property
     def peak_increment(self) -> int:
@@ -102,6 +104,8 @@ class TestRecord:
         data["leftover"] = self.leftover
         if self.ranks is None:  # a single process's record reads as before
             del data["ranks"]
+        if self.snapshot is None:  # as do the records of tests without a snapshot
+            del data["snapshot"]
         return data
 
     @classmethod

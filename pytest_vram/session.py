@@ -43,7 +43,7 @@ from pytest_vram.selection import (
     Selection,
     is_xdist_controller,
 )
-from pytest_vram.snapshots import SnapshotRecorder
+from pytest_vram.snapshots import SnapshotError, SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.values import COMPUTE, GUESS, REASON
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
@@ -318,8 +318,14 @@ class VramSession:
             raise pytest.fail.Exception(explanation, pytrace=False) from exc
 
     def _dump_snapshot(self, item: pytest.Item, backend: Backend) -> None:
-        path = self.snapshots.dump(backend, item.nodeid)
+        try:
+            path = self.snapshots.dump(backend, item.nodeid)
+        except SnapshotError as exc:  # a note: the test's own failure stays the one reported
+            item.add_report_section("call", "vram snapshot", str(exc))
+            self.notes.append(str(exc))  # now: an xdist worker's notes ride on its teardown
+            return
         if path is not None:
+            item.stash[MEASUREMENT].record.snapshot = str(path)
             item.add_report_section("call", "vram snapshot", f"allocator snapshot: {path}")
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)

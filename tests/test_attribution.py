@@ -17,6 +17,7 @@ from pytest_vram.attribution.leaks import LeakSiteRecorder, survivors_in_snapsho
 from pytest_vram.backends.sim import SimBackend
 from pytest_vram.records import TestRecord
 from pytest_vram.scenarios import LeakError, leak_check
+from pytest_vram.snapshots import snapshot_name
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 BACKENDS = [
@@ -376,8 +377,9 @@ def test_fails(vram):
     )
     result = pytester.runpytest(*options, "--vram-snapshot-on-fail=snaps")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*allocator snapshot: snaps/test_fails.py_test_fails.pickle"])
-    path = pytester.path / "snaps" / "test_fails.py_test_fails.pickle"
+    name = snapshot_name("test_fails.py::test_fails")
+    result.stdout.fnmatch_lines([f"*allocator snapshot: snaps/{name}"])
+    path = pytester.path / "snaps" / name
     snapshot = pickle.loads(path.read_bytes())
     trace = snapshot["device_traces"][0]
     allocs = [e for e in trace if e["action"] == "alloc" and e["size"] >= 1 << 20]

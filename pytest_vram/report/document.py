@@ -25,6 +25,7 @@ __all__ = [
     "change_of",
     "document_tests",
     "record_row",
+    "snapshot_of",
     "status_counts",
     "totals",
 ]
@@ -92,6 +93,12 @@ def baseline_peak(test: Mapping[str, Any]) -> int | None:
     if baseline is None:  # most tests, without the ABC check
         return None
     return as_int(baseline.get("peak_allocated")) if isinstance(baseline, Mapping) else None
+
+
+def snapshot_of(test: Mapping[str, Any]) -> str | None:
+    """The memory snapshot file written for a failing test, None without one."""
+    path = test.get("snapshot")
+    return path if isinstance(path, str) and path else None
 
 
 def status_counts(document: Mapping[str, Any]) -> tuple[int, dict[str, int]]:

@@ -12,7 +12,12 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from pytest_vram.report.document import baseline_peak, document_tests, status_counts
+from pytest_vram.report.document import (
+    baseline_peak,
+    document_tests,
+    snapshot_of,
+    status_counts,
+)
 from pytest_vram.report.text import ENVIRONMENT_FIELDS, as_int, change_text, size_text
 from pytest_vram.status import FAILING_STATUSES, Status
 from pytest_vram.units import format_delta, format_size
@@ -518,6 +523,9 @@ def _table_section(tests: list[Mapping[str, Any]]) -> str:
         colour = _STATUS_COLOURS.get(status, _OTHER_COLOUR)
         change = change_text(test.get("change"), test.get("change_percent"), _MISSING)
         messages = "\n".join(str(m) for m in test.get("messages") or [])
+        snapshot = snapshot_of(test)
+        if snapshot is not None:
+            messages += ("\n" if messages else "") + f"memory snapshot: {snapshot}"
         css = ' class="failing"' if status in FAILING_STATUSES else ""
         rows.append(
             f"<tr{css}>"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_vram.records import TestRecord
-from pytest_vram.report.document import baseline_peak, record_row
+from pytest_vram.report.document import baseline_peak, record_row, snapshot_of
 
 __all__ = ["SUITE_ENVIRONMENT_KEYS", "junit_properties", "row_properties", "suite_properties"]
 
@@ -61,6 +61,9 @@ def row_properties(test: Mapping[str, Any]) -> list[tuple[str, object]]:
             if key in entry["figures"]:
                 props.append((f"vram_{key}_rank{entry['rank']}", entry["figures"][key]))
         props.append((f"vram_status_rank{entry['rank']}", entry["status"]))
+    snapshot = snapshot_of(test)
+    if snapshot is not None:
+        props.append(("vram_snapshot", snapshot))
     return props
 
 

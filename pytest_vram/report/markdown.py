@@ -12,7 +12,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_vram.report.document import baseline_peak, document_tests, status_counts
+from pytest_vram.report.document import (
+    baseline_peak,
+    document_tests,
+    snapshot_of,
+    status_counts,
+)
 from pytest_vram.report.text import (
     as_int,
     change_text,
@@ -184,6 +189,9 @@ def _messages_block(tests: Iterable[Mapping[str, Any]], room: int) -> str:
             if len(message) > _MESSAGE_CHARS:
                 message = message[:_MESSAGE_CHARS] + "…"
             lines.append(f"{test.get('nodeid')}: {message}")
+        snapshot = snapshot_of(test)
+        if snapshot is not None:
+            lines.append(f"{test.get('nodeid')}: memory snapshot: {' '.join(snapshot.split())}")
     if not lines:
         return ""
     body = "\n".join(lines)

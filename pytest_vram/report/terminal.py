@@ -7,7 +7,13 @@ from typing import Any
 
 from pytest_vram.distributed import rank_lines
 from pytest_vram.records import TestRecord
-from pytest_vram.report.document import baseline_peak, build_document, document_tests, status_counts
+from pytest_vram.report.document import (
+    baseline_peak,
+    build_document,
+    document_tests,
+    snapshot_of,
+    status_counts,
+)
 from pytest_vram.report.text import change_text, counts_text, plural, size_text, table
 
 __all__ = ["render_terminal", "terminal_lines"]
@@ -42,6 +48,7 @@ def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None)
     lines += rank_lines(tests)
     measured, counts = status_counts(document)
     lines.append(plural(measured, "measured test") + (": " + counts_text(counts) if counts else ""))
+    lines += _snapshot_lines(tests)
     if stale:
         entries = plural(len(stale), "baseline entry", "baseline entries")
         verb, them = ("has", "it") if len(stale) == 1 else ("have", "them")
@@ -50,3 +57,12 @@ def render_terminal(document: Mapping[str, Any], stale: list[str] | None = None)
         )
         lines.extend(f"  {nodeid}" for nodeid in stale)
     return lines
+
+
+def _snapshot_lines(tests: list[Mapping[str, Any]]) -> list[str]:
+    """Which file holds the memory snapshot of each failing test that has one."""
+    return [
+        f"memory snapshot of {test.get('nodeid') or ''}: {path}"
+        for test in tests
+        if (path := snapshot_of(test)) is not None
+    ]
