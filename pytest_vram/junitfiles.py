@@ -17,6 +17,8 @@ from xml.etree import ElementTree
 from junitparser import JUnitXml, JUnitXmlError, Properties
 
 from pytest_vram.errors import UsageError
+from pytest_vram.figures import FigureError, figure_from_text, is_known_figure
+from pytest_vram.report.comparison import render_comparison
 from pytest_vram.report.text import (
     as_int,
     change_text,
@@ -85,13 +87,13 @@ def read_junit(path: str | os.PathLike[str]) -> MemoryTable:
     total = 0
     try:
         for suite in xml:
-            for env in _environments(suite).values():
+            for env in _environments(suite, path).values():
                 if env not in environments:
                     environments.append(env)
             # Iterating a suite also yields the cases of suites nested in it.
             for case in suite:
                 total += 1
-                row = _row(case)
+                row = _row(case, path)
                 if row is not None:
                     rows.append(row)
     except RecursionError:
@@ -102,7 +104,7 @@ def read_junit(path: str | os.PathLike[str]) -> MemoryTable:
 _ENV_KEYS = ("backend", "device", "torch", "cuda", "driver", "total_memory")
 
 
-def _environments(suite: Any) -> dict[str, dict[str, Any]]:
+def _environments(suite: Any, path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """A suite's ``vram_env_*`` properties, per environment.
 
     One environment is spelt ``vram_env_device``; several ``vram_env_<name>_device``.
@@ -115,7 +117,12 @@ def _environments(suite: Any) -> dict[str, dict[str, Any]]:
         for key in _ENV_KEYS:
             if rest == key or rest.endswith("_" + key):
                 name = rest[: -len(key)].rstrip("_")
-                environments.setdefault(name, {})[key] = _value(prop.value)
+                if key == "total_memory":
+                    where = f"suite {suite.name}" if suite.name else "a test suite"
+                    value: int | str = _figure(prop.name, prop.value, path, where)
+                else:
+                    value = _value(prop.value)
+                environments.setdefault(name, {})[key] = value
                 break
     return environments
 
@@ -154,18 +161,22 @@ def _root_tag(data: bytes) -> str:
         return "?"
 
 
-def _row(case: Any) -> dict[str, Any] | None:
+def _row(case: Any, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     properties = case.child(Properties)
     if properties is None:
         return None
-    values = {
-        prop.name: _value(prop.value)
-        for prop in properties
-        if prop.name and prop.name.startswith(PREFIX) and prop.value is not None
-    }
+    classname, name = case.classname or "", case.name or ""
+    test = f"{classname}::{name}" if classname else name
+    values: dict[str, Any] = {}
+    for prop in properties:
+        if not prop.name or not prop.name.startswith(PREFIX) or prop.value is None:
+            continue
+        if _holds_bytes(prop.name):
+            values[prop.name] = _figure(prop.name, prop.value, path, f"test {test}")
+        else:
+            values[prop.name] = _value(prop.value)
     if not values:
         return None
-    classname, name = case.classname or "", case.name or ""
     if case.is_error:
         outcome = "error"
     elif case.is_failure:
@@ -174,12 +185,37 @@ def _row(case: Any) -> dict[str, Any] | None:
         outcome = "skipped"
     else:
         outcome = "passed"
-    return {"name": f"{classname}::{name}" if classname else name, "outcome": outcome, **values}
+    return {"name": test, "outcome": outcome, **values}
+
+
+# The vram_* properties in bytes besides the figures a baseline stores (report/junit.py
+# writes them), and those of them that are differences, negative when memory fell.
+_BYTE_PROPERTIES = frozenset({"baseline", "start_allocated", "leftover", "peak_increment"})
+_SIGNED_PROPERTIES = frozenset({"peak_increment", "leak_growth"})
+
+
+def _holds_bytes(name: str) -> bool:
+    rest = name[len(PREFIX) :]
+    return rest in _BYTE_PROPERTIES or is_known_figure(rest)
+
+
+def _figure(name: str, text: str, path: str | os.PathLike[str], where: str) -> int:
+    """A property in bytes; a value that is not one fails the whole read, as a figure left
+    out would silently pass a comparison."""
+    try:
+        return figure_from_text(name, text, signed=name[len(PREFIX) :] in _SIGNED_PROPERTIES)
+    except FigureError as exc:
+        raise JUnitFileError(f"{os.fspath(path)}: {where}: property {exc}") from None
 
 
 def _value(text: str) -> int | str:
     text = text.strip()
-    return int(text) if _INT_RE.match(text) else text
+    if _INT_RE.match(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts: the text, as any other
+            pass
+    return text
 
 
 # --- compare ----------------------------------------------------------------------------------
@@ -298,14 +334,23 @@ def add_cli_parsers(subcommands: Any) -> None:
             "Exit status 1 when a test grew beyond the tolerance, else 0."
         ),
     )
-    comparison.add_argument("base", metavar="BASE", help="the JUnit XML file of the reference run")
-    comparison.add_argument("head", metavar="HEAD", help="the JUnit XML file of the new run")
+    comparison.add_argument(
+        "base", metavar="BASE", help="the JUnit XML or --vram-json file of the reference run"
+    )
+    comparison.add_argument(
+        "head", metavar="HEAD", help="the JUnit XML or --vram-json file of the new run"
+    )
     comparison.add_argument(
         "--tolerance",
         default="5%",
         type=_tolerance,
         metavar="TOL",
         help="growth allowed: a percentage of the base peak (5%%) or a size (64MiB); default 5%%",
+    )
+    comparison.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the changes as Markdown for a pull-request comment; nothing when none",
     )
     comparison.set_defaults(run=_run_compare)
 
@@ -371,14 +416,20 @@ def _summary_text(table: MemoryTable) -> str:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    base, head = read_junit(args.base), read_junit(args.head)
+    # Imported here: the JSON reader builds its tables with this module.
+    from pytest_vram.jsonfiles import read_reports
+
+    base, head = read_reports(args.base, args.head)
     if not head.rows:
         raise JUnitFileError(
             f"{head.path}: none of its {plural(head.total, 'test')} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
     result = compare_runs(base.rows, head.rows, args.tolerance)
-    print(_compare_text(base, head, result), end="")
+    if args.markdown:
+        print(render_comparison(result, base.rows, head.rows), end="")
+    else:
+        print(_compare_text(base, head, result), end="")
     return 1 if result.failed else 0
 
 

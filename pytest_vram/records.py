@@ -10,10 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_vram.attribution.breakdown import category_figures
+from pytest_vram.attribution.breakdown import CATEGORIES, category_figures
+from pytest_vram.figures import (
+    FigureError,
+    check_change,
+    check_entry,
+    check_figure,
+    check_figure_name,
+    check_nodeid,
+    check_rank,
+    check_text,
+)
 from pytest_vram.status import Status, rank_of
 
-__all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "sort_worst_first"]
+__all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "read_record", "sort_worst_first"]
 
 #: The status values worst first, for readers of plain data; :class:`Status` is the source.
 STATUS_ORDER = tuple(status.value for status in Status)
@@ -91,7 +101,8 @@ class TestRecord:
         if "single_step" in self.scenarios:
             figures["single_step_peak"] = self.scenarios["single_step"]["peak"]
         if "leak_check" in self.scenarios:
-            figures["leak_growth"] = self.scenarios["leak_check"]["growth"]
+            # Memory that fell over the steps grew by nothing: a figure is never negative.
+            figures["leak_growth"] = max(0, self.scenarios["leak_check"]["growth"])
         if self.breakdown:
             figures.update(category_figures(self.breakdown))
         return figures
@@ -114,6 +125,71 @@ class TestRecord:
         values = {key: value for key, value in data.items() if key in known}
         values["budgets"] = [BudgetResult(**b) for b in values.get("budgets", [])]
         return cls(**values)
+
+
+# The scenario results a baseline stores: the field of each that holds the figure.
+_SCENARIO_FIGURES = {"empty_cache": "allocated", "single_step": "peak", "leak_check": "growth"}
+
+
+def read_record(data: object) -> TestRecord:
+    """A record read back from outside the process, such as a ``--vram-json`` document's.
+
+    Built as :meth:`TestRecord.from_dict` builds it, then every field a baseline stores is
+    checked as the baseline loader checks it, so what is merged into a baseline file is what
+    the next run reads. Raises FigureError naming the field (``scenarios.leak_check.growth``)
+    and its value; TypeError, KeyError or AttributeError for data that is no record at all.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object, got {type(data).__name__}")
+    record = TestRecord.from_dict(data)
+    check_nodeid(record.nodeid)
+    check_text("backend", record.backend)
+    check_text("device", record.device)
+    for name in ("peak_allocated", "start_allocated", "end_allocated"):
+        check_figure(name, getattr(record, name))
+    for name in ("peak_reserved", "peak_device"):
+        if getattr(record, name) is not None:
+            check_figure(name, getattr(record, name))
+    scenarios = _mapping("scenarios", record.scenarios)
+    for scenario, key in _SCENARIO_FIGURES.items():
+        if scenario in scenarios:
+            result = _mapping(f"scenarios.{scenario}", scenarios[scenario])
+            # A leak check's growth is negative when memory fell; the baseline stores 0.
+            check = check_change if scenario == "leak_check" else check_figure
+            check(f"scenarios.{scenario}.{key}", result.get(key))
+    if record.breakdown is not None:
+        breakdown = _mapping("breakdown", record.breakdown)
+        categories = _mapping("breakdown.categories", breakdown.get("categories") or {})
+        for name in CATEGORIES:
+            if name in categories:
+                check_figure(f"breakdown.categories.{name}", categories[name])
+    if record.ranks is not None:
+        if not isinstance(record.ranks, list):
+            raise FigureError(f"ranks must be a list, got {_shown(record.ranks)}")
+        for index, entry in enumerate(record.ranks):
+            where = f"ranks[{index}]"
+            entry = _mapping(where, entry)
+            check_rank(f"{where}.rank", entry.get("rank"))
+            for name, value in _mapping(f"{where}.figures", entry.get("figures")).items():
+                try:
+                    check_figure_name(name)
+                except FigureError as exc:
+                    raise FigureError(f"{where}.figures: {exc}") from None
+                check_figure(f"{where}.figures.{name}", value)
+    # What an update would store, checked as a whole as the loader checks an entry.
+    check_entry(record.nodeid, record.figures())
+    return record
+
+
+def _mapping(name: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FigureError(f"{name} must be an object, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def sort_worst_first(records: list[TestRecord]) -> list[TestRecord]:

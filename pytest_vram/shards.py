@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_vram.baselines import BaselineFileError, BaselineStore
-from pytest_vram.records import TestRecord
+from pytest_vram.figures import MAX_FIGURE, FigureError
+from pytest_vram.records import TestRecord, read_record
 from pytest_vram.writer import BaselineWriter
 
 __all__ = ["Shard", "ShardError", "add_cli_parser", "merge_shards", "read_shard"]
@@ -54,8 +55,13 @@ def read_shard(path: Path) -> Shard:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ShardError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ShardError(f"{path}: not a JSON file: {exc}") from None
+    except ValueError:  # json.loads passes on int()'s refusal of a number thousands of digits long
+        raise ShardError(
+            f"{path}: a number in it has more digits than Python reads; a figure has at most "
+            f"{len(str(MAX_FIGURE))}"
+        ) from None
     if not isinstance(document, dict) or not isinstance(document.get("tests"), list):
         raise ShardError(f"{path}: not a pytest-vram --vram-json document (no 'tests' list)")
     environments = document.get("environments") or {}
@@ -64,7 +70,11 @@ def read_shard(path: Path) -> Shard:
     records = []
     for index, row in enumerate(document["tests"]):
         try:
-            records.append(TestRecord.from_dict(row))
+            records.append(read_record(row))
+        except FigureError as exc:
+            nodeid = row.get("nodeid") if isinstance(row, dict) else None
+            test = f"test {index} ({nodeid})" if isinstance(nodeid, str) else f"test {index}"
+            raise ShardError(f"{path}: {test}: {exc}") from None
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ShardError(f"{path}: test {index} is not a pytest-vram record: {exc}") from None
     run = document.get("run") if isinstance(document.get("run"), Mapping) else {}

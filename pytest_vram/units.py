@@ -38,6 +38,9 @@ _SI_UNITS = frozenset({"kb", "mb", "gb", "tb"})
 # ASCII digits only: ``\d`` would also take full-width and other scripts' digits ("７２GB").
 _SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?([A-Za-z]*)$")
 _PERCENT_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?%$")
+# Below this an int converts to a float exactly; above it (a corrupt figure read back, say)
+# float arithmetic rounds, and past about 10**308 it overflows.
+_EXACT_IN_FLOAT = 2**53
 
 ACCEPTED_SIZE_FORMS = (
     "an int of bytes, or a number with an optional unit: B, kB/KB/MB/GB/TB (powers of 1000) "
@@ -125,8 +128,16 @@ def format_size(nbytes: int) -> str:
         return f"{sign}{n} B"
     for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)):
         if n >= factor:
-            return f"{sign}{n / factor:.2f} {unit}"
-    return f"{sign}{n / 1024:.2f} KiB"
+            return f"{sign}{_hundredths(n, factor)} {unit}"
+    return f"{sign}{_hundredths(n, 1024)} KiB"
+
+
+def _hundredths(n: int, factor: int) -> str:
+    """``n / factor`` with two decimals, rounded half to even as float formatting rounds."""
+    if n < _EXACT_IN_FLOAT:
+        return f"{n / factor:.2f}"
+    whole, part = divmod(round(Fraction(n * 100, factor)), 100)
+    return f"{whole}.{part:02d}"
 
 
 def format_delta(nbytes: int) -> str:
@@ -151,7 +162,9 @@ class Tolerance:
     def allowance(self, reference: int) -> int:
         """The bytes of growth allowed on top of ``reference``."""
         if self.percent is not None:
-            return int(reference * self.percent / 100)
+            if abs(reference) < _EXACT_IN_FLOAT:
+                return int(reference * self.percent / 100)
+            return int(Fraction(reference) * Fraction(self.percent) / 100)
         return self.nbytes or 0
 
     def __str__(self) -> str:

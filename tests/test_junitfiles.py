@@ -20,7 +20,9 @@ GiB = 1024**3
 MiB = 1024**2
 
 
-def _case(classname: str, name: str, peak: int | None, status: str = "ok", **extra: int) -> str:
+def _case(
+    classname: str, name: str, peak: int | str | None, status: str = "ok", **extra: int | str
+) -> str:
     if peak is None:
         return f'<testcase classname="{classname}" name="{name}" time="0.1"/>'
     props = {
@@ -390,3 +392,108 @@ def test_error_messages_say_what_was_expected(
     assert "root element is <{http://www.w3.org/1999/xhtml}html>" in capsys.readouterr().err
     main(["summary", _write(tmp_path, "cut.xml", GARBAGE["truncated"])])
     assert "cannot parse it as XML (" in capsys.readouterr().err
+
+
+# --- figures that cannot be read ----------------------------------------------------------------
+
+# A value of a property in bytes that is no number of bytes, and what the error says of it.
+UNREADABLE = [
+    ("lots", "must be an integer number of bytes, got 'lots'"),
+    ("-5", "is -5: a number of bytes is never negative"),
+    ("1.5", "must be an integer number of bytes, got '1.5'"),
+    ("true", "must be an integer number of bytes, got 'true'"),
+    ("4 KiB", "must be an integer number of bytes, got '4 KiB'"),
+    ("", "must be an integer number of bytes, got ''"),
+    ("9" * 400, "has 400 digits: more bytes than any device holds (at most 9223372036854775807)"),
+    ("9" * 5000, "has 5000 digits: more bytes than any device holds (at most 9223372036854775807)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [pytest.param(*case, id=f"{case[0][:8]}({len(case[0])})") for case in UNREADABLE],
+)
+@pytest.mark.parametrize("side", ["base", "head"])
+def test_compare_fails_on_a_peak_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], side: str, value: str, problem: str
+) -> None:
+    good = _write(tmp_path, "good.xml", _suite(_case("t", "a", 100), _case("t", "b", 100)))
+    bad = _write(tmp_path, "bad.xml", _suite(_case("t", "a", value), _case("t", "b", 100)))
+
+    code = main(["compare", good, bad] if side == "head" else ["compare", bad, good])
+
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"pytest-vram: error: {bad}: test t::a: property vram_peak_allocated {problem}\n"
+    )
+    assert captured.out == ""
+    assert code == 2
+
+
+def test_a_head_whose_peaks_are_words_fails_the_gate(tmp_path: Path) -> None:
+    base = _write(tmp_path, "base.xml", _suite(_case("t", "a", 100), _case("t", "b", 200)))
+    head = _write(tmp_path, "head.xml", _suite(_case("t", "a", "lots"), _case("t", "b", "lots")))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_vram", "compare", base, head],
+        capture_output=True,
+        text=True,
+    )
+
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"pytest-vram: error: {head}: test t::a: property vram_peak_allocated must be an "
+        "integer number of bytes, got 'lots'\n"
+    )
+
+
+# A property in bytes, a value that is no number of bytes, and what the error says of it.
+UNREADABLE_SIZES = [
+    ("vram_baseline", "lots", "must be an integer number of bytes, got 'lots'"),
+    ("vram_peak_reserved", "-1", "is -1: a number of bytes is never negative"),
+    ("vram_peak_device", "1e9", "must be an integer number of bytes, got '1e9'"),
+    ("vram_leftover", "-4096", "is -4096: a number of bytes is never negative"),
+    ("vram_start_allocated", "0x10", "must be an integer number of bytes, got '0x10'"),
+    ("vram_leak_growth", "0.5", "must be an integer number of bytes, got '0.5'"),
+    (
+        "vram_peak_increment",
+        "-" + "9" * 400,
+        "has 400 digits: more bytes than any device holds (at most 9223372036854775807)",
+    ),
+    ("vram_peak_allocated_rank1", "lots", "must be an integer number of bytes, got 'lots'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"), [pytest.param(*case, id=case[0]) for case in UNREADABLE_SIZES]
+)
+def test_summary_fails_on_any_size_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, value: str, problem: str
+) -> None:
+    # Read first and kept: differences, negative when memory fell, and text properties.
+    kept = {"vram_leak_growth": -4096, "vram_peak_increment": -1, "vram_status_rank1": "7"}
+    kept.pop(name, None)
+    path = _write(tmp_path, "bad.xml", _suite(_case("t", "a", 100, **kept, **{name: value})))
+
+    assert main(["summary", path]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"pytest-vram: error: {path}: test t::a: property {name} {problem}\n"
+    )
+
+
+def test_summary_fails_on_a_total_memory_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    props = {"vram_env_backend": "sim", "vram_env_total_memory": "9" * 400}
+    body = "".join(f'<property name="{k}" value="{v}"/>' for k, v in props.items())
+    path = _write(
+        tmp_path, "env.xml", _suite(f"<properties>{body}</properties>", _case("t", "a", 1))
+    )
+
+    assert main(["summary", path]) == 2
+    assert capsys.readouterr().err == (
+        f"pytest-vram: error: {path}: suite pytest: property vram_env_total_memory has 400 "
+        "digits: more bytes than any device holds (at most 9223372036854775807)\n"
+    )

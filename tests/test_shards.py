@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,6 +207,11 @@ def test_a_test_measured_differently_in_two_shards_is_refused(
         ("{not json", "not a JSON file"),
         ('{"tests": 3}', "not a pytest-vram --vram-json document"),
         ('{"tests": [{"nodeid": "t"}]}', "test 0 is not a pytest-vram record"),
+        pytest.param(
+            '{"tests": [{"nodeid": "t", "peak_allocated": %s}]}' % ("9" * 5000),
+            "a number in it has more digits than Python reads; a figure has at most 19",
+            id="5000-digits",
+        ),
     ],
 )
 def test_a_file_that_is_no_shard_document_is_an_input_error(
@@ -240,7 +249,8 @@ def test_an_environment_with_empty_fields_is_not_rewritten(
     first = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
     first.stdout.fnmatch_lines(["*baselines: 1 added*"])
     again = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
-    assert "baselines:" not in again.stdout.str()
+    again.stdout.fnmatch_lines(["pytest-vram: baselines: no change in baselines (*)"])
+    assert "added" not in again.stdout.str()
 
     pytester.runpytest("--vram-backend=sim", "--vram-report", "--vram-json=shard.json")
     capsys.readouterr()
@@ -259,3 +269,160 @@ def test_prune_names_a_shard_that_cannot_tell_what_is_stale(
     assert "note: --prune: x.json cannot tell which tests no longer exist" in (
         capsys.readouterr().out
     )
+
+
+# -- figures read back ---------------------------------------------------------------------------
+
+# Every figure a baseline stores on the simulated device: peak reserved, the three scenarios
+# and, with --vram-breakdown, the category totals; and a leak check whose memory falls.
+FIGURES_SUITE = """
+import torch
+
+
+def test_model(vram):
+    model = torch.nn.Linear(64, 64)
+    x = torch.ones(8, 64)
+    vram.empty_cache()
+    vram.single_step(lambda: model(x).sum().backward())
+    vram.leak_check(lambda: model(x).sum(), steps=3)
+
+
+def test_shrinks(vram):
+    held = [torch.ones(1024) for _ in range(20)]
+    vram.leak_check(lambda: held.pop(), steps=5)
+"""
+MODEL = "test_figures_suite.py::test_model"
+COMMITTED = "device: sim\ntests:\n  test_other.py::test_kept:\n    peak_allocated: 123\n"
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The --vram-json document of a real run of FIGURES_SUITE, made once for the module."""
+    directory = tmp_path_factory.mktemp("measured")
+    (directory / "test_figures_suite.py").write_text(FIGURES_SUITE)
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--vram-backend=sim"),
+            *("--vram-breakdown", "--vram-report", "--vram-json=shard.json"),
+            "test_figures_suite.py",
+        ],
+        cwd=directory,
+        check=True,
+        capture_output=True,
+    )
+    return json.loads((directory / "shard.json").read_text())
+
+
+def rank(number: object, **figures: object) -> dict[str, Any]:
+    """One rank's entry in a torchrun record's ``ranks``."""
+    return {"rank": number, "status": "new", "outcome": "passed", "leftover": 0, "figures": figures}
+
+
+# A field of a shard's test record (as a path into it), a bad value, and the error's words.
+BAD_VALUES: list[tuple[tuple[str, ...], object, str]] = [
+    (("peak_allocated",), -5, "peak_allocated is -5: a number of bytes is never negative"),
+    (("peak_allocated",), 1.5, "peak_allocated must be an integer number of bytes, got 1.5"),
+    (("peak_allocated",), True, "peak_allocated must be an integer number of bytes, got True"),
+    (
+        ("peak_allocated",),
+        "4096",
+        "peak_allocated must be an integer number of bytes, got '4096'",
+    ),
+    (
+        ("peak_allocated",),
+        float("nan"),
+        "peak_allocated is nan: a number of bytes is a whole number",
+    ),
+    (
+        ("peak_allocated",),
+        10**400,
+        "peak_allocated has 401 digits: more bytes than any device holds "
+        "(at most 9223372036854775807)",
+    ),
+    (("peak_reserved",), -1, "peak_reserved is -1: a number of bytes is never negative"),
+    (("peak_device",), "1GiB", "peak_device must be an integer number of bytes, got '1GiB'"),
+    (
+        ("scenarios", "leak_check", "growth"),
+        "lots",
+        "scenarios.leak_check.growth must be an integer number of bytes, got 'lots'",
+    ),
+    (
+        ("scenarios", "single_step", "peak"),
+        2.5,
+        "scenarios.single_step.peak must be an integer number of bytes, got 2.5",
+    ),
+    (
+        ("scenarios", "empty_cache", "allocated"),
+        None,
+        "scenarios.empty_cache.allocated must be an integer number of bytes, got None",
+    ),
+    (
+        ("breakdown", "categories", "parameters"),
+        -16896,
+        "breakdown.categories.parameters is -16896: a number of bytes is never negative",
+    ),
+    (
+        ("ranks",),
+        [rank(0, peak_allocated=100), rank(1, peak_allocated="lots")],
+        "ranks[1].figures.peak_allocated must be an integer number of bytes, got 'lots'",
+    ),
+    (
+        ("ranks",),
+        [rank(-1, peak_allocated=100)],
+        "ranks[0].rank must be a rank from 0 to 999999, got -1",
+    ),
+    (("nodeid",), 5, "a test node id must be text, got 5"),
+    (("backend",), 7, "backend must be text, got 7"),
+    (("device",), 7, "device must be text, got 7"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [pytest.param(*case, id=f"{'.'.join(case[0])}={case[1]!r}"[:40]) for case in BAD_VALUES],
+)
+def test_a_bad_value_in_a_shard_is_an_error_naming_file_test_and_value(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    measured: dict[str, Any],
+    field: tuple[str, ...],
+    value: object,
+    problem: str,
+) -> None:
+    document = copy.deepcopy(measured)
+    index = next(i for i, test in enumerate(document["tests"]) if test["nodeid"] == MODEL)
+    target = document["tests"][index]
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    shard = tmp_path / "shard.json"
+    shard.write_text(json.dumps(document))
+    committed = tmp_path / "baselines" / "sim.yaml"
+    committed.parent.mkdir()
+    committed.write_text(COMMITTED)
+
+    code = main(["update-baselines", str(shard), "--baseline-dir", str(committed.parent)])
+
+    test = f"test {index}" if field == ("nodeid",) else f"test {index} ({MODEL})"
+    assert capsys.readouterr().err == f"pytest-vram: error: {shard}: {test}: {problem}\n"
+    assert code == 2
+    assert committed.read_text() == COMMITTED
+
+
+def test_a_shard_whose_leak_check_memory_fell_merges_into_baselines_the_next_run_reads(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str], measured: dict[str, Any]
+) -> None:
+    pytester.makepyfile(test_figures_suite=FIGURES_SUITE)
+    (pytester.path / "shard.json").write_text(json.dumps(measured))
+    shrinks = next(t for t in measured["tests"] if t["nodeid"].endswith("test_shrinks"))
+    assert shrinks["scenarios"]["leak_check"]["growth"] < 0
+
+    assert main(["update-baselines", "shard.json"]) == 0
+    stored = (pytester.path / "baselines" / "sim.yaml").read_text()
+    assert "test_figures_suite.py::test_shrinks:\n    leak_growth: 0\n" in stored
+    for name in ("idle", "single_step_peak", "peak_reserved", "peak_parameters", "peak_other"):
+        assert f"    {name}: " in stored
+
+    result = pytester.runpytest("--vram-backend=sim", "--vram-report")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*2 measured tests: 2 ok*"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_vram.units import (
@@ -330,3 +332,54 @@ def test_a_fractional_percentage_is_still_a_tolerance() -> None:
 def test_is_si_is_false_for_non_ascii_digits() -> None:
     assert is_si("72GB")
     assert not is_si("７２GB")
+
+
+# -- numbers too large for a float ---------------------------------------------------------------
+
+TiB = 1024**4
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "expected"),
+    [
+        pytest.param(10**300 * TiB, "1" + "0" * 300 + ".00 TiB", id="10**300-TiB"),
+        pytest.param(10**400 * TiB + TiB // 4, "1" + "0" * 400 + ".25 TiB", id="10**400-TiB"),
+        pytest.param(-(10**400) * TiB, "-1" + "0" * 400 + ".00 TiB", id="-10**400-TiB"),
+    ],
+)
+def test_format_size_is_exact_past_what_a_float_holds(nbytes: int, expected: str) -> None:
+    assert format_size(nbytes) == expected
+
+
+def test_format_delta_and_describe_size_of_a_huge_number() -> None:
+    assert format_delta(10**400 * TiB) == "+1" + "0" * 400 + ".00 TiB"
+    assert describe_size("1" + "0" * 400 + "TiB") == "1" + "0" * 400 + ".00 TiB"
+
+
+def test_tolerance_allowance_of_a_huge_reference() -> None:
+    assert parse_tolerance("5%").allowance(10**400) == 5 * 10**398
+    assert parse_tolerance("64MiB").allowance(10**400) == 64 * MiB
+
+
+def test_a_baseline_figure_of_400_digits_is_an_error_naming_file_line_and_value(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_a="import torch\ndef test_a(vram):\n    x = torch.ones(1024)\n")
+    baseline = pytester.path / "baselines" / "cpu.yaml"
+    baseline.parent.mkdir()
+    text = "device: cpu\ntests:\n  test_a.py::test_a:\n    peak_allocated: " + "9" * 400 + "\n"
+    baseline.write_text(text)
+
+    for args in ([], ["--vram-update-baselines"]):
+        result = pytester.runpytest("--vram-backend=cpu", *args)
+        output = result.stdout.str() + result.stderr.str()
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+        result.stderr.fnmatch_lines(
+            [
+                f"*{Path('baselines', 'cpu.yaml')}:4: *'test_a.py::test_a': peak_allocated has "
+                "400 digits: more bytes than any device holds*"
+            ]
+        )
+        assert "Traceback" not in output
+        assert "OverflowError" not in output
+        assert baseline.read_text() == text

@@ -1,0 +1,104 @@
+"""``--vram-json`` documents as memory tables, so ``pytest-vram compare`` reads them too.
+
+Each measured test becomes the row the JUnit file of the same run carries for it (its
+``vram_*`` properties, see :mod:`pytest_vram.report.junit`), so either kind of report may be the
+base or the head of a comparison. A document is read by the one reader of ``--vram-json``
+documents (:func:`pytest_vram.shards.read_shard`), which checks every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pytest_vram.junitfiles import MemoryTable, read_junit
+from pytest_vram.records import TestRecord
+from pytest_vram.report.document import record_row
+from pytest_vram.report.junit import row_properties
+from pytest_vram.shards import ShardError, read_shard
+
+__all__ = ["is_json_report", "junit_name", "read_json_report", "read_report", "read_reports"]
+
+
+def is_json_report(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a JSON document rather than XML: it starts with ``{``."""
+    try:
+        with open(path, "rb") as stream:
+            start = stream.read(512).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return False  # the JUnit reader says what is wrong with the file
+    return start.startswith(b"{")
+
+
+def read_json_report(path: str | os.PathLike[str]) -> MemoryTable:
+    """The measured tests of a ``--vram-json`` document, named by node id.
+
+    Raises :class:`pytest_vram.shards.ShardError` naming the file, the test and the bad value.
+    """
+    shard = read_shard(Path(path))
+    # Read again for what the shard reader does not keep: a document pytest-vram wrote names
+    # its version, so a JSON file of another tool is not taken for a run without tests.
+    with open(path, encoding="utf-8") as stream:
+        if "pytest_vram" not in json.load(stream):
+            raise ShardError(
+                f"{os.fspath(path)}: not a pytest-vram --vram-json document (no 'pytest_vram' "
+                "version); expected a JUnit XML file or a --vram-json document"
+            )
+    rows = [_row(record) for record in shard.records]
+    return MemoryTable(
+        path=os.fspath(path),
+        rows=rows,
+        environments=list(shard.environments.values()),
+        total=len(rows),
+    )
+
+
+def read_report(path: str | os.PathLike[str]) -> MemoryTable:
+    """A JSON document or a JUnit XML file, whichever ``path`` holds."""
+    return read_json_report(path) if is_json_report(path) else read_junit(path)
+
+
+def read_reports(
+    base: str | os.PathLike[str], head: str | os.PathLike[str]
+) -> tuple[MemoryTable, MemoryTable]:
+    """Two reports whose tests are named alike: a JSON document's tests take the names the
+    JUnit file of its run would give them when the other report is a JUnit file."""
+    tables = [read_report(base), read_report(head)]
+    kinds = [is_json_report(base), is_json_report(head)]
+    if kinds[0] != kinds[1]:
+        for table, is_json in zip(tables, kinds, strict=True):
+            if is_json:
+                for row in table.rows:
+                    row["name"] = junit_name(row["name"])
+    return tables[0], tables[1]
+
+
+def junit_name(nodeid: str) -> str:
+    """``classname::name`` as pytest's ``--junitxml`` spells the test ``nodeid``.
+
+    ``suites/test_model.py::TestModel::test_forward[bf16]`` is
+    ``suites.test_model.TestModel::test_forward[bf16]``.
+    """
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    classname, name = ".".join(names[:-1]), names[-1]
+    return f"{classname}::{name}" if classname else name
+
+
+def _row(record: TestRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": record.nodeid, "outcome": record.outcome}
+    row.update(row_properties(record_row(record)))
+    # The JUnit file has no budget; the comment shows the allocated budget a test crossed.
+    crossed = [
+        budget.limit
+        for budget in record.budgets
+        if not budget.passed and budget.metric == "allocated"
+    ]
+    if crossed:
+        row["vram_budget"] = min(crossed)
+    return row

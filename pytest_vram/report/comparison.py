@@ -1,0 +1,242 @@
+"""The pull-request comment: ``pytest-vram compare --markdown``.
+
+Rendered from a comparison of two runs (see :func:`pytest_vram.junitfiles.compare_runs`) and the
+rows of both: the tests whose peak changed, biggest change first, then the budgets the head run
+crosses, the new tests and the removed ones. A workflow posts the text as one comment and edits
+it on each push; it finds its own comment by :data:`MARKER`. When nothing changed the text is
+empty, so the workflow can delete a comment that would otherwise show stale figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pytest_vram.report.markdown import _code, _text
+from pytest_vram.report.text import as_int, change_text, plural, size_text
+from pytest_vram.status import Status, rank_of
+
+__all__ = ["MARKER", "MAX_COMMENT_CHARS", "render_comparison"]
+
+#: The first line of every comment, so a workflow finds the comment it posted before.
+MARKER = "<!-- pytest-vram -->"
+#: GitHub refuses a comment over 65,536 characters; the rest is room for a workflow's own text.
+MAX_COMMENT_CHARS = 60_000
+
+_MISSING = "—"
+_CHANGED = ("grown", "within-tolerance", "shrunk")
+_OVER_BUDGET = Status.OVER_BUDGET.value
+
+
+class _Change(Protocol):
+    name: str
+    kind: str
+    base: int | None
+    head: int | None
+
+    @property
+    def delta(self) -> int | None: ...
+
+    @property
+    def percent(self) -> float | None: ...
+
+
+class _Comparison(Protocol):
+    tolerance: object
+    changes: Sequence[_Change]
+
+    @property
+    def failed(self) -> bool: ...
+
+    def of_kind(self, kind: str) -> list[_Change]: ...
+
+
+def render_comparison(
+    result: _Comparison,
+    base_rows: Iterable[Mapping[str, Any]],
+    head_rows: Iterable[Mapping[str, Any]],
+    *,
+    limit: int = 50,
+    max_chars: int = MAX_COMMENT_CHARS,
+) -> str:
+    """The comment's Markdown, or ``""`` when no test's peak changed and no budget was crossed.
+
+    ``base_rows`` and ``head_rows`` are the two runs' memory tables (rows as
+    :func:`pytest_vram.junitfiles.read_memory_table` returns them): they give each test's status,
+    for the budgets crossed, and the devices measured on. Each table lists at most ``limit``
+    tests; the text never exceeds ``max_chars``.
+    """
+    base_rows, head_rows = list(base_rows), list(head_rows)
+    changed = sorted(
+        (c for c in result.changes if c.kind in _CHANGED),
+        key=lambda c: (-abs(c.delta or 0), c.name),
+    )
+    new = sorted(result.of_kind("new"), key=lambda c: (-(c.head or 0), c.name))
+    removed = sorted(result.of_kind("removed"), key=lambda c: (-(c.base or 0), c.name))
+    crossed = _budgets_crossed(base_rows, head_rows)
+    if not (changed or new or removed or crossed):
+        return ""
+
+    parts = [MARKER, "### GPU memory against the base (pytest-vram)", ""]
+    parts.append(_counts_line(result, len(crossed)))
+    tolerance = _text(str(result.tolerance))
+    if result.failed:
+        grown = plural(len(result.of_kind("grown")), "test")
+        parts += ["", f"**{grown} grew beyond the tolerance ({tolerance}).**"]
+    note = _devices_note(base_rows, head_rows)
+    if note:
+        parts += ["", note]
+    text = "\n".join(parts) + "\n"
+
+    text += _table(
+        "",
+        ["Test", "Base", "Head", "Change", "Result"],
+        "|---|---:|---:|---:|---|",
+        [_changed_cells(c, tolerance) for c in _shown_first(changed, limit)],
+        len(changed),
+    )
+    base_peaks = {c.name: c.base for c in result.changes}
+    text += _table(
+        "Budgets crossed",
+        ["Test", "Base", "Head", "Budget"],
+        "|---|---:|---:|---:|",
+        [
+            [
+                _code(str(row["name"])),
+                size_text(base_peaks.get(str(row["name"])), _MISSING),
+                size_text(row.get("vram_peak_allocated"), _MISSING),
+                size_text(row.get("vram_budget"), _MISSING),
+            ]
+            for row in crossed[:limit]
+        ],
+        len(crossed),
+    )
+    statuses = _statuses(head_rows)
+    text += _table(
+        "New tests",
+        ["Test", "Head", "Status"],
+        "|---|---:|---|",
+        [
+            [_code(c.name), size_text(c.head, _MISSING), _text(statuses.get(c.name, ""))]
+            for c in new[:limit]
+        ],
+        len(new),
+    )
+    text += _table(
+        "Removed tests",
+        ["Test", "Base"],
+        "|---|---:|",
+        [[_code(c.name), size_text(c.base, _MISSING)] for c in removed[:limit]],
+        len(removed),
+    )
+    return _fit(text, max_chars)
+
+
+def _shown_first(changed: list[_Change], limit: int) -> list[_Change]:
+    """At most ``limit`` changes, biggest first; the ones that fail the comparison are kept
+    before any other when some must be left out."""
+    if len(changed) <= limit:
+        return changed
+    kept = [c for c in changed if c.kind == "grown"][:limit]
+    kept += [c for c in changed if c.kind != "grown"][: limit - len(kept)]
+    return sorted(kept, key=changed.index)
+
+
+def _changed_cells(change: _Change, tolerance: str) -> list[str]:
+    result = {
+        "grown": f"**grown beyond {tolerance}**",
+        "within-tolerance": "grown within the tolerance",
+        "shrunk": "shrunk",
+    }[change.kind]
+    return [
+        _code(change.name),
+        size_text(change.base, _MISSING),
+        size_text(change.head, _MISSING),
+        change_text(change.delta, change.percent, _MISSING),
+        result,
+    ]
+
+
+def _table(heading: str, header: list[str], rule: str, rows: list[list[str]], total: int) -> str:
+    if not rows:
+        return ""
+    text = f"\n#### {heading}\n\n" if heading else "\n"
+    text += "| " + " | ".join(header) + " |\n" + rule + "\n"
+    text += "".join("| " + " | ".join(cells) + " |\n" for cells in rows)
+    if total > len(rows):
+        text += f"\n_{plural(total - len(rows), 'more test')} not shown._\n"
+    return text
+
+
+def _counts_line(result: _Comparison, crossed: int) -> str:
+    counts = []
+    for kind, label in (
+        ("grown", f"grown beyond {result.tolerance}"),
+        ("within-tolerance", "grown within the tolerance"),
+        ("shrunk", "shrunk"),
+        ("new", "new"),
+        ("removed", "removed"),
+    ):
+        count = len(result.of_kind(kind))
+        if count:
+            counts.append(f"{count} {_text(label)}")
+    if crossed:
+        counts.append(f"{crossed} over {'its budget' if crossed == 1 else 'their budgets'}")
+    unchanged = len(result.of_kind("unchanged"))
+    line = ", ".join(counts) if counts else "no peak changed"
+    if unchanged:
+        line += f"; {unchanged} unchanged"
+    return line + "."
+
+
+def _budgets_crossed(
+    base_rows: list[Mapping[str, Any]], head_rows: list[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The head rows over a budget whose test was within its budgets (or absent) in the base,
+    largest head peak first."""
+    base = _statuses(base_rows)
+    crossed: dict[str, Mapping[str, Any]] = {}
+    for row in head_rows:
+        name = str(row.get("name"))
+        if row.get("vram_status") == _OVER_BUDGET and base.get(name) != _OVER_BUDGET:
+            crossed.setdefault(name, row)
+    return sorted(
+        crossed.values(),
+        key=lambda r: (-(as_int(r.get("vram_peak_allocated")) or 0), str(r.get("name"))),
+    )
+
+
+def _statuses(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each test's status; a test listed twice (several backends) keeps its worst."""
+    statuses: dict[str, str] = {}
+    for row in rows:
+        name, status = str(row.get("name")), str(row.get("vram_status") or "")
+        if name not in statuses or rank_of(status) < rank_of(statuses[name]):
+            statuses[name] = status
+    return statuses
+
+
+def _devices_note(base_rows: list[Mapping[str, Any]], head_rows: list[Mapping[str, Any]]) -> str:
+    if not base_rows:
+        return "_The base report has no measured test: every test counts as new._"
+    base, head = _devices(base_rows), _devices(head_rows)
+    if base == head:
+        return ""
+    # A peak on one GPU model and a peak on another are not the same measurement.
+    return (
+        f"_Measured on different devices: base {_text(', '.join(base) or '?')}, "
+        f"head {_text(', '.join(head) or '?')}._"
+    )
+
+
+def _devices(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted({str(r["vram_device"]) for r in rows if "vram_device" in r})
+
+
+def _fit(text: str, max_chars: int) -> str:
+    """``text`` cut at a line end to at most ``max_chars``, saying so."""
+    if len(text) <= max_chars:
+        return text
+    note = "\n_The comment is cut here: it would pass GitHub's size limit._\n"
+    cut = text.rfind("\n", 0, max_chars - len(note)) + 1
+    return text[:cut] + note
