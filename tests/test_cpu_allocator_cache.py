@@ -1,6 +1,8 @@
 """The counting allocator's cache: a damaged or foreign library in it is never loaded but built
-anew, a rebuild never writes over a library in place, and a cache that cannot be written falls
-back to one under the temporary directory, or to the dispatch counter with a note that says why.
+anew, a rebuild never writes over a library in place, a library another user could have planted
+is never loaded (the bytes loaded are the ones checked), and a cache that cannot be written or is
+refused falls back to one under the temporary directory, or to the dispatch counter with a note
+that says why.
 
 The end-to-end cases run pytest in a subprocess: what they guard against killed the process
 (SIGBUS in dlopen) or failed every test, which no in-process check would survive to report.
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
 PR_CAPBSET_DROP = 24  # from <linux/prctl.h>, and the capabilities from <linux/capability.h>
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
 
@@ -147,6 +150,57 @@ DAMAGES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A library another user could plant in the cache: a real shared object whose constructor
+    writes a marker file the moment anything loads it. The library and the marker's path."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (cc) to build a planted library")
+    directory = tmp_path_factory.mktemp("planted")
+    marker = directory / "constructor-ran"
+    source = directory / "planted.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void planted(void) {\n"
+        f'    FILE *marker = fopen({json.dumps(str(marker))}, "w");\n'
+        "    if (marker) fclose(marker);\n"
+        "}\n"
+    )
+    library = directory / "planted.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", str(source), "-o", str(library)], check=True, timeout=120
+    )
+    # The marker works: loading the library, in a process of its own, writes it.
+    load = "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", load, str(library)], check=True, timeout=120)
+    assert marker.exists()
+    marker.unlink()
+    return library, marker
+
+
+def _plant(path: Path, planted: Path) -> None:
+    """Put ``planted`` at ``path``, with the stamp there copied and edited to match it: only the
+    file's owner and who else can write it tell it apart from the library."""
+    path.unlink(missing_ok=True)
+    shutil.copy(planted, path)
+    stamp = cpu_allocator.stamp_path(path)
+    fields = json.loads(stamp.read_text())
+    data = path.read_bytes()
+    fields.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    stamp.write_text(json.dumps(fields))
+
+
+def _seed_temporary_cache(built: Path) -> Path:
+    """The cache under the temporary directory that a refused cache falls back to, holding a
+    good library already (so that no test here waits for a build)."""
+    directory = Path(tempfile.gettempdir()) / f"pytest-vram-{os.geteuid()}"
+    directory.mkdir(mode=0o700)
+    for source in (built, cpu_allocator.stamp_path(built)):
+        shutil.copy2(source, directory / source.name)
+    return directory
+
+
 @pytest.fixture
 def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, built: Path) -> Path:
     """A cache holding a good library, nothing loaded yet, and a temporary directory of the
@@ -166,20 +220,29 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, built: Path) -> Path:
 
 
 @pytest.fixture
-def checked_dlopen(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every library cpu_allocator loads, each checked against its stamp first: a damaged one
-    must never reach dlopen, where it could kill this process."""
-    loaded: list[Path] = []
+def checked_dlopen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sha256 of every library cpu_allocator loads, which should be a private copy (in a
+    directory of mode 0700) of bytes checked against a stamp. A damaged library must never
+    reach dlopen, where it could kill this process, and a swapped one must not either."""
+    loaded: list[str] = []
     real = cpu_allocator.ctypes.CDLL
 
     def cdll(name: str, *args: object, **kwargs: object) -> object:
         path = Path(name)
-        assert cpu_allocator.check_library(path, _key()) is None, f"{path} loaded unchecked"
-        loaded.append(path)
+        if stat.S_IMODE(path.parent.stat().st_mode) == 0o700:
+            loaded.append(hashlib.sha256(path.read_bytes()).hexdigest())
+        else:
+            # The file itself, which can change after a check: at least it must pass one now.
+            assert cpu_allocator.check_library(path, _key()) is None, f"{path} loaded unchecked"
+            loaded.append(f"{path} itself, not a private copy")
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(cpu_allocator.ctypes, "CDLL", cdll)
     return loaded
+
+
+def _stamped_sha256(library: Path) -> str:
+    return json.loads(cpu_allocator.stamp_path(library).read_text())["sha256"]
 
 
 # -- in this process ---------------------------------------------------------------------------
@@ -198,14 +261,14 @@ def test_the_build_stamp_records_the_library_and_what_it_was_built_for(cache: Pa
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_library_that_fails_its_stamp_is_rebuilt_not_loaded(
-    cache: Path, foreign_library: Path, checked_dlopen: list[Path], damage: str
+    cache: Path, foreign_library: Path, checked_dlopen: list[str], damage: str
 ) -> None:
     path = cache / _name()
     spoil, reason = DAMAGES[damage]
     spoil(path, foreign_library)
     assert reason in (cpu_allocator.check_library(path, _key()) or "")
     library, opened = cpu_allocator.open_library()
-    assert opened == path and checked_dlopen == [path]
+    assert opened == path and checked_dlopen == [_stamped_sha256(path)]
     assert library.pytest_vram_counter_layout() == 0  # loaded apart, never installed
     assert cpu_allocator.check_library(path, _key()) is None
     assert not list(cache.glob("*.tmp"))
@@ -230,7 +293,11 @@ def test_a_missing_symbol_is_a_counter_unavailable_not_an_attribute_error(
     cache: Path, foreign_library: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Were a foreign library ever loaded (say a stamp forged to match it), say so plainly.
-    monkeypatch.setattr(cpu_allocator, "library_path", lambda: foreign_library)
+    monkeypatch.setattr(
+        cpu_allocator,
+        "_find_library",
+        lambda: (foreign_library, foreign_library.read_bytes()),
+    )
     with pytest.raises(CounterUnavailable, match="is not pytest-vram's counter: no pytest_vram_"):
         cpu_allocator.load()
     backend = CpuBackend("auto")
@@ -328,6 +395,154 @@ def test_with_no_cache_to_build_into_auto_counts_from_python_and_names_the_probl
         CpuBackend("allocator")
 
 
+def _world_writable_cache(library: Path) -> str:
+    library.parent.chmod(0o777)  # chmod's mode is not masked
+    return f"{library.parent} is mode 0777: other users can write it"
+
+
+def _group_writable_cache(library: Path) -> str:
+    library.parent.chmod(0o775)
+    return f"{library.parent} is mode 0775: its group can write it"
+
+
+def _group_writable_library(library: Path) -> str:
+    library.chmod(0o775)
+    return f"{library} is mode 0775: its group can write it"
+
+
+def _world_writable_stamp(library: Path) -> str:
+    stamp = cpu_allocator.stamp_path(library)
+    stamp.chmod(0o666)
+    return f"{stamp} is mode 0666: other users can write it"
+
+
+def _symlinked_library(library: Path) -> str:
+    # The file the link leads to is this user's and only theirs to write: the link is refused
+    # as such, since whoever can write the link chooses what it leads to.
+    elsewhere = library.parent.parent / "elsewhere.so"
+    library.rename(elsewhere)
+    library.symlink_to(elsewhere)
+    return f"{library} is a symbolic link"
+
+
+def _cache_of_another_user(library: Path) -> str:
+    os.chown(library.parent, NOBODY, NOBODY)
+    return f"{library.parent} belongs to uid {NOBODY}, and this process runs as uid {os.geteuid()}"
+
+
+def _library_of_another_user(library: Path) -> str:
+    os.chown(library, NOBODY, NOBODY)
+    return f"{library} belongs to uid {NOBODY}, and this process runs as uid {os.geteuid()}"
+
+
+def _stamp_of_another_user(library: Path) -> str:
+    stamp = cpu_allocator.stamp_path(library)
+    os.chown(stamp, NOBODY, NOBODY)
+    return f"{stamp} belongs to uid {NOBODY}, and this process runs as uid {os.geteuid()}"
+
+
+EXPOSURES: list[object] = [
+    pytest.param(_world_writable_cache, id="cache-world-writable"),
+    pytest.param(_group_writable_cache, id="cache-group-writable"),
+    pytest.param(_group_writable_library, id="library-group-writable"),
+    pytest.param(_world_writable_stamp, id="stamp-world-writable"),
+    pytest.param(_symlinked_library, id="library-symlink"),
+    pytest.param(_cache_of_another_user, id="cache-of-another-user", marks=needs_root),
+    pytest.param(_library_of_another_user, id="library-of-another-user", marks=needs_root),
+    pytest.param(_stamp_of_another_user, id="stamp-of-another-user", marks=needs_root),
+]
+
+
+@pytest.mark.parametrize("expose", EXPOSURES)
+def test_a_library_another_user_could_have_planted_is_never_loaded(
+    cache: Path,
+    built: Path,
+    planted: tuple[Path, Path],
+    checked_dlopen: list[str],
+    expose: Callable[[Path], str],
+) -> None:
+    planted_library, marker = planted
+    path = cache / _name()
+    _plant(path, planted_library)
+    reason = expose(path)
+    before = {entry.name: entry.read_bytes() for entry in cache.iterdir()}
+    fallback = _seed_temporary_cache(built)
+
+    library, opened = cpu_allocator.open_library()
+    assert not marker.exists(), "the planted library's constructor ran"
+    assert opened == fallback / _name()
+    assert library.pytest_vram_counter_layout() == 0  # the real counter, loaded apart
+    assert checked_dlopen == [_stamped_sha256(built)]
+    note = cpu_allocator._cache_note or ""
+    assert f"the cpu counter's cache {cache} is not usable ({reason}); " in note
+    assert f"it was built into {fallback} instead" in note
+    # Refused, not rebuilt: nothing is written into a cache another user could write.
+    assert {entry.name: entry.read_bytes() for entry in cache.iterdir()} == before
+
+
+def test_the_library_loaded_is_the_file_that_was_checked(
+    cache: Path,
+    planted: tuple[Path, Path],
+    checked_dlopen: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A library swapped in between the check and dlopen, with a stamp to match, is not loaded.
+    planted_library, marker = planted
+    path = cache / _name()
+    genuine = _stamped_sha256(path)
+    real = cpu_allocator._verified
+
+    def then_swap(library: Path, key: str) -> bytes:
+        data = real(library, key)
+        _plant(library, planted_library)
+        return data
+
+    monkeypatch.setattr(cpu_allocator, "_verified", then_swap)
+    library, opened = cpu_allocator.open_library()
+    assert not marker.exists(), "the swapped-in library's constructor ran"
+    assert opened == path
+    assert library.pytest_vram_counter_layout() == 0
+    assert checked_dlopen == [genuine]
+
+
+def test_a_good_library_is_loaded_from_the_cache_and_reused(
+    cache: Path, checked_dlopen: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def must_not_build(*args: object) -> None:
+        raise AssertionError("built again although the cache has a good library")
+
+    monkeypatch.setattr(cpu_allocator, "_build", must_not_build)
+    path = cache / _name()
+    before = sorted(cache.iterdir())
+    for _ in range(2):
+        library, opened = cpu_allocator.open_library()
+        assert opened == path
+        assert library.pytest_vram_counter_layout() == 0
+    assert checked_dlopen == [_stamped_sha256(path)] * 2
+    assert cpu_allocator._cache_note is None
+    assert sorted(cache.iterdir()) == before  # the private copies it loaded are gone
+
+
+@pytest.mark.slow
+def test_a_cache_made_under_a_umask_that_lets_the_group_write_is_not_refused(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # umask 002 is the default on distributions with a group per user: the cache made under it
+    # must not be one the next run refuses as group-writable.
+    fresh = tmp_path / "fresh" / "pytest-vram"
+    monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(fresh))
+    umask = os.umask(0o002)
+    try:
+        path = cpu_allocator.library_path()
+    finally:
+        os.umask(umask)
+    assert path.parent == fresh
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o755
+    assert cpu_allocator.check_library(path, _key()) is None
+    assert cpu_allocator._cache_note is None
+    assert cpu_allocator.library_path() == path and cpu_allocator._cache_note is None
+
+
 # -- in a subprocess: pytest itself, as a user runs it -------------------------------------------
 
 TEST_FILE = """
@@ -413,6 +628,29 @@ def test_pytest_with_a_cache_dir_that_is_a_file_builds_elsewhere_and_says_so(
     assert "1 passed" in output and "1.00 KiB" in output
     assert f"is a file, not a directory); it was built into {temp}/pytest-vram-" in output
     assert blocked.read_text() == "not a directory"
+
+
+@pytest.mark.slow
+def test_pytest_with_a_library_planted_in_a_shared_cache_does_not_load_it(
+    cache: Path, built: Path, planted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    planted_library, marker = planted
+    _plant(cache / _name(), planted_library)
+    cache.chmod(0o777)
+    # The fallback cache under the temporary directory has a good library already.
+    temp = Path(tempfile.gettempdir())
+    fallback = _seed_temporary_cache(built)
+    workdir = _workdir(tmp_path)
+    env = {"PYTEST_VRAM_CACHE_DIR": str(cache), "TMPDIR": str(temp)}
+    done = _run_pytest(workdir, env, "--vram-cpu-counter=allocator")
+    output = _assert_no_crash(done)
+    assert not marker.exists(), "the planted library's constructor ran in pytest"
+    assert done.returncode == 0, output
+    assert "1 passed" in output and "1.00 KiB" in output
+    assert "counts from Python" not in output
+    assert (
+        f"{cache} is mode 0777: other users can write it); it was built into {fallback}" in output
+    )
 
 
 def _bound_by_permissions() -> Callable[[], None] | None:

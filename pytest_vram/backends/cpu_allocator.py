@@ -10,8 +10,12 @@ kept in a cache directory: ``$PYTEST_VRAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/py
 ``~/.cache/pytest-vram``. It only needs torch's headers and ``libc10``, which every torch wheel
 ships. Beside it a build stamp records its size and sha256 and what it was built for; a library
 that does not match its stamp (damaged, truncated, or another file at that name) is never
-loaded but built anew, into a new file renamed over the old. Where the cache directory cannot
-be written, the library is built into a cache of this user's under the temporary directory.
+loaded but built anew, into a new file renamed over the old. Only a library that this user owns
+and no other can write is loaded, in a cache directory that no other user owns or can write:
+a library planted there runs its constructors in this process the moment it is loaded. The
+file loaded is the one that was checked, through the descriptor it was checked by, not
+whatever its name points at by then. Where the cache directory cannot be written, or is
+refused, the library is built into a cache of this user's under the temporary directory.
 Where it cannot be built or loaded, :func:`load` raises :class:`CounterUnavailable` with the
 reason, and the cpu backend falls back to counting from Python.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import hashlib
 import json
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from pytest_vram.atomic import write_atomic
 from pytest_vram.backends.segments import SegmentFigures
 
 __all__ = [
@@ -105,44 +111,125 @@ def stamp_path(library: Path) -> Path:
     return library.with_suffix(".stamp")
 
 
-def _digest(path: Path) -> tuple[int, str]:
-    data = path.read_bytes()
-    return len(data), hashlib.sha256(data).hexdigest()
+class _CacheUnusable(Exception):
+    """A cache directory that cannot hold a new library, or that another user could have
+    written to; another cache may do."""
 
 
-def check_library(library: Path, key: str) -> str | None:
-    """Why ``library`` is not the complete library its stamp says was built for ``key``, or
-    None when it is. Only a library that passes is loaded: dlopen of a truncated file kills the
-    process with SIGBUS, and another file at that name lacks the counter's symbols."""
-    try:
-        stamp = json.loads(stamp_path(library).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return "it has no build stamp"
-    except (OSError, ValueError) as exc:
-        return f"its build stamp cannot be read ({_reason(exc)})"
-    if not isinstance(stamp, dict) or stamp.get("version") != _STAMP_VERSION:
-        return "its build stamp is not one this version of pytest-vram writes"
-    if stamp.get("key") != key:
-        return "it was built for another torch, compiler or source"
-    try:
-        size = library.stat().st_size
-        if size == stamp.get("size"):  # hash only what may match
-            size, sha256 = _digest(library)
-        else:
-            sha256 = ""
-    except OSError as exc:
-        return f"it cannot be read ({_reason(exc)})"
-    if (size, sha256) != (stamp.get("size"), stamp.get("sha256")):
-        return "it is not the file its build stamp describes (damaged or replaced)"
-    return None
+class _Stale(Exception):
+    """A library that is not the one its stamp describes: it is built anew where it is."""
 
 
 def _reason(exc: OSError | ValueError) -> str:
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
-class _CacheUnusable(Exception):
-    """A cache directory that cannot hold a new library; another may."""
+def _others_could_write(path: Path, info: os.stat_result) -> str | None:
+    """Why another user could have written ``path`` (as ``info`` found it), or None. Root is
+    this user where pytest runs as root, as in most CI containers."""
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to uid {info.st_uid}, and this process runs as uid {os.geteuid()}"
+    if info.st_mode & 0o022:
+        who = "other users" if info.st_mode & 0o002 else "its group"
+        return f"{path} is mode {stat.S_IMODE(info.st_mode):04o}: {who} can write it"
+    return None
+
+
+def _check_directory(directory: Path) -> None:
+    """Refuse a cache directory that another user owns or could write to: they could put a
+    library and a stamp to match in it. One that is missing or not a directory is left to the
+    build, which says so."""
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        problem = _others_could_write(directory, info)
+        if problem:
+            raise _CacheUnusable(problem)
+
+
+def _open_own(path: Path) -> int:
+    """``path`` opened for reading, and checked through what was opened: a regular file of this
+    user's that no other user can write. A symbolic link is not followed, and a FIFO does not
+    block the open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise _CacheUnusable(f"{path} is a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        problem = (
+            _others_could_write(path, info)
+            if stat.S_ISREG(info.st_mode)
+            else f"{path} is not a regular file"
+        )
+        if problem:
+            raise _CacheUnusable(problem)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_stamp(library: Path) -> dict[str, object]:
+    try:
+        fd = _open_own(stamp_path(library))
+    except FileNotFoundError:
+        raise _Stale("it has no build stamp") from None
+    except OSError as exc:
+        raise _Stale(f"its build stamp cannot be read ({_reason(exc)})") from None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            stamp = json.loads(file.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _Stale(f"its build stamp cannot be read ({_reason(exc)})") from None
+    if not isinstance(stamp, dict) or stamp.get("version") != _STAMP_VERSION:
+        raise _Stale("its build stamp is not one this version of pytest-vram writes")
+    return stamp
+
+
+def _verified(library: Path, key: str) -> bytes:
+    """The content of ``library``, read through the one descriptor that was checked, and
+    checked against its stamp: :func:`_dlopen` loads these bytes, so a file put at that name
+    after the check is never loaded. Raises :class:`_Stale` where the library is to be built
+    anew, and :class:`_CacheUnusable` where another user could have written it or its stamp."""
+    try:
+        fd = _open_own(library)
+    except FileNotFoundError:
+        raise _Stale("it has not been built") from None
+    except OSError as exc:
+        raise _Stale(f"it cannot be read ({_reason(exc)})") from None
+    replaced = "it is not the file its build stamp describes (damaged or replaced)"
+    try:
+        stamp = _read_stamp(library)
+        if stamp.get("key") != key:
+            raise _Stale("it was built for another torch, compiler or source")
+        if os.fstat(fd).st_size != stamp.get("size"):  # read and hash only what may match
+            raise _Stale(replaced)
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read()
+    except OSError as exc:
+        raise _Stale(f"it cannot be read ({_reason(exc)})") from None
+    finally:
+        os.close(fd)
+    if (len(data), hashlib.sha256(data).hexdigest()) != (stamp.get("size"), stamp.get("sha256")):
+        raise _Stale(replaced)
+    return data
+
+
+def check_library(library: Path, key: str) -> str | None:
+    """Why ``library`` is not the complete library its stamp says was built for ``key``, or is
+    not safe to load, or None when it is. Only a library that passes is loaded: dlopen of a
+    truncated file kills the process with SIGBUS, another file at that name lacks the counter's
+    symbols, and a file another user could write runs their code in this process."""
+    try:
+        _verified(library, key)
+    except (_Stale, _CacheUnusable) as exc:
+        return str(exc)
+    return None
 
 
 def _private_temp_cache() -> Path:
@@ -171,8 +258,11 @@ def _build_lock(directory: Path) -> Iterator[None]:
     if directory.exists() and not directory.is_dir():
         raise _CacheUnusable(f"{directory} is a file, not a directory")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / "cpu_allocator.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        # Never group-writable, whatever the umask: such a cache would be refused.
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(
+            directory / "cpu_allocator.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
+        )
     except OSError as exc:
         raise _CacheUnusable(f"cannot write to {directory} ({_reason(exc)})") from None
     try:
@@ -184,15 +274,7 @@ def _build_lock(directory: Path) -> Iterator[None]:
 
 def _write_stamp(library: Path, key: str, size: int, sha256: str) -> None:
     stamp = {"version": _STAMP_VERSION, "key": key, "size": size, "sha256": sha256}
-    fd, partial = tempfile.mkstemp(prefix=library.stem + "-", suffix=".tmp", dir=library.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(stamp, file)
-        os.chmod(partial, 0o644)  # as readable as the library
-        os.replace(partial, stamp_path(library))
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
+    write_atomic(stamp_path(library), json.dumps(stamp), mode=0o644)  # as readable as the library
 
 
 def _build(compiler: str, target: Path, key: str) -> None:
@@ -234,9 +316,9 @@ def _build(compiler: str, target: Path, key: str) -> None:
         # mkstemp made the file private; a cache that users share needs it readable, as a
         # compiler's own output is.
         os.chmod(partial, 0o755)
-        size, sha256 = _digest(Path(partial))
+        data = Path(partial).read_bytes()
         os.replace(partial, target)
-        _write_stamp(target, key, size, sha256)
+        _write_stamp(target, key, len(data), hashlib.sha256(data).hexdigest())
     except (OSError, subprocess.SubprocessError) as exc:
         raise CounterUnavailable(f"building {SOURCE.name} failed: {exc}") from exc
     finally:
@@ -244,22 +326,36 @@ def _build(compiler: str, target: Path, key: str) -> None:
             os.unlink(partial)
 
 
-def _library_in(directory: Path, name: str, key: str, compiler: str) -> Path:
-    """The library in ``directory``, checked against its stamp, built anew when it fails."""
+def _library_in(directory: Path, name: str, key: str, compiler: str) -> bytes:
+    """The library in ``directory``, read and checked against its stamp, built anew when it
+    fails. Raises :class:`_CacheUnusable` where another user could have written the directory,
+    the library or its stamp: nothing of theirs is loaded, and nothing is built beside it."""
     target = directory / name
-    if check_library(target, key) is None:
-        return target  # the common case: read only, no lock, nothing written
+    _check_directory(directory)
+    try:
+        return _verified(target, key)  # the common case: read only, no lock, nothing written
+    except _Stale:
+        pass
     with _build_lock(directory):
+        _check_directory(directory)  # made just now, by this process or another
         # Another process may have built it while this one waited for the lock.
-        if check_library(target, key) is not None:
+        try:
+            return _verified(target, key)
+        except _Stale:
             _build(compiler, target, key)
-    return target
+        try:
+            return _verified(target, key)
+        except _Stale as exc:
+            raise CounterUnavailable(
+                f"{target} fails its check right after its build: {exc}"
+            ) from None
 
 
-def library_path() -> Path:
-    """The built library for this torch, checked against its build stamp, and built first if
-    the cache has no library that passes. Where the cache directory cannot be written, the
-    library is built into a cache of this user's under the temporary directory."""
+def _find_library() -> tuple[Path, bytes]:
+    """The built library for this torch and its content, checked against its build
+    stamp, and built first if the cache has no library that passes. Where the cache directory
+    cannot be written or is refused, the library is built into a cache of this user's under the
+    temporary directory."""
     global _cache_note
     _cache_note = None
     if sys.platform == "win32":
@@ -271,43 +367,85 @@ def library_path() -> Path:
     key, name = _build_key(source, compiler), _library_name(source, compiler)
     configured = cache_dir()
     try:
-        return _library_in(configured, name, key, compiler)
+        return configured / name, _library_in(configured, name, key, compiler)
     except _CacheUnusable as exc:
         problem = str(exc)
+    hint = "(set PYTEST_VRAM_CACHE_DIR to a directory of your own that only you can write)"
     try:
-        path = _library_in(_private_temp_cache(), name, key, compiler)
+        directory = _private_temp_cache()
+        data = _library_in(directory, name, key, compiler)
     except _CacheUnusable as exc:
         raise CounterUnavailable(
-            f"no cache directory to build the counting allocator into: {problem}; {exc} "
-            "(set PYTEST_VRAM_CACHE_DIR to a writable directory)"
+            f"no cache directory to build the counting allocator into: {problem}; {exc} {hint}"
         ) from None
     _cache_note = (
         f"the cpu counter's cache {configured} is not usable ({problem}); it was built into "
-        f"{path.parent} instead (set PYTEST_VRAM_CACHE_DIR to a writable directory)"
+        f"{directory} instead {hint}"
     )
-    return path
+    return directory / name, data
+
+
+def library_path() -> Path:
+    """The built library for this torch, checked against its build stamp, and built first if
+    the cache has no library that passes. Where the cache directory cannot be written or is
+    refused, the library is built into a cache of this user's under the temporary directory."""
+    return _find_library()[0]
 
 
 _library: ctypes.CDLL | None = None
-# Why the last library_path() built outside the configured cache, and that note as it stood
+# Why the last _find_library() built outside the configured cache, and that note as it stood
 # for the library load() installed.
 _cache_note: str | None = None
 _loaded_note: str | None = None
 
 
+def _dlopen(data: bytes, target: Path) -> ctypes.CDLL:
+    """Load ``data``, the checked content of ``target``, and not whatever ``target`` names by
+    now: from a copy in a new directory only this user can enter (mode 0700), removed once
+    loaded (the mapping keeps it). The copy goes beside ``target``, where a library could be
+    mapped executable before, else under the temporary directory. A new name each time also
+    keeps dlopen from handing back a library it loaded before under the same name. Raises
+    OSError where the copy does not load."""
+    problems = []
+    for parent in (target.parent, Path(tempfile.gettempdir())):
+        try:
+            private = Path(tempfile.mkdtemp(prefix=".pytest-vram-load-", dir=parent))
+        except OSError as exc:
+            problems.append(f"{parent} ({_reason(exc)})")
+            continue
+        try:
+            copy = private / target.name
+            try:
+                fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+                with os.fdopen(fd, "wb") as file:
+                    file.write(data)
+            except OSError as exc:
+                problems.append(f"{private} ({_reason(exc)})")
+                continue
+            try:
+                return ctypes.CDLL(str(copy))
+            except OSError as exc:
+                raise OSError(str(exc).replace(str(copy), str(target))) from None
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+    raise CounterUnavailable(
+        f"cannot copy {target} to load it into a directory of its own: {'; '.join(problems)}"
+    )
+
+
 def open_library() -> tuple[ctypes.CDLL, Path]:
     """The built library, loaded but not installed, and its path. A library that matches its
     stamp and still does not load (a torch reinstalled in place) is built anew, once."""
-    target = library_path()
+    target, data = _find_library()
     try:
-        return ctypes.CDLL(str(target)), target
+        return _dlopen(data, target), target
     except OSError:
         # Unlinked, never truncated: a process that has it mapped keeps its copy.
         with contextlib.suppress(OSError):
             stamp_path(target).unlink()
-    target = library_path()
+    target, data = _find_library()
     try:
-        return ctypes.CDLL(str(target)), target
+        return _dlopen(data, target), target
     except OSError as exc:
         raise CounterUnavailable(f"could not load {target}: {exc}") from exc
 
