@@ -142,7 +142,7 @@ def merge_shards(shards: list[Shard], baseline_dir: Path, prune: bool = False) -
     written = writer.save()
     if written.errors:
         raise ShardError("; ".join(written.errors))
-    merged.lines = written.lines or [f"baselines: no change in {baseline_dir}"]
+    merged.lines = written.lines or [f"baselines: no change in {_shown(baseline_dir)}"]
     return merged
 
 
@@ -177,9 +177,12 @@ def add_cli_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--baseline-dir",
         type=Path,
-        default=Path("baselines"),
+        default=None,
         metavar="DIR",
-        help="the baseline directory (default: baselines)",
+        help=(
+            "the baseline directory (default: the one pytest would use here: ini "
+            "vram_baseline_dir, or baselines/ under pytest's rootdir)"
+        ),
     )
     parser.add_argument(
         "--prune",
@@ -190,9 +193,52 @@ def add_cli_parser(subcommands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    merged = merge_shards([read_shard(path) for path in args.shards], args.baseline_dir, args.prune)
+    directory = args.baseline_dir or pytest_baseline_dir(Path.cwd())
+    merged = merge_shards([read_shard(path) for path in args.shards], directory, args.prune)
     for line in merged.lines:
         print(line)
     for note in merged.notes:
         print(f"note: {note}")
     return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def pytest_baseline_dir(invocation_dir: Path) -> Path:
+    """The baseline directory a ``pytest`` run started in ``invocation_dir`` would use: the ini
+    file's ``vram_baseline_dir`` (relative to the rootdir), else ``baselines`` under it."""
+    rootdir, inicfg = _pytest_setup(invocation_dir)
+    value = inicfg.get("vram_baseline_dir")
+    value = getattr(value, "value", value)  # pytest 9 wraps ini values
+    directory = Path(str(value)) if value else Path("baselines")
+    return directory if directory.is_absolute() else rootdir / directory
+
+
+def _pytest_setup(invocation_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """pytest's own rootdir and ini lookup, whose signature changed between its versions."""
+    from _pytest.config.findpaths import determine_setup
+
+    try:
+        found = determine_setup(
+            inifile=None,
+            override_ini=None,
+            args=[str(invocation_dir)],
+            rootdir_cmd_arg=None,
+            invocation_dir=invocation_dir,
+        )
+    except TypeError:
+        try:  # pytest 8
+            found = determine_setup(
+                inifile=None,
+                args=[str(invocation_dir)],
+                rootdir_cmd_arg=None,
+                invocation_dir=invocation_dir,
+            )
+        except TypeError:  # pytest 7
+            found = determine_setup(None, [str(invocation_dir)])
+    return Path(found[0]), dict(found[2])

@@ -426,3 +426,32 @@ def test_a_shard_whose_leak_check_memory_fell_merges_into_baselines_the_next_run
     result = pytester.runpytest("--vram-backend=sim", "--vram-report")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["*2 measured tests: 2 ok*"])
+
+
+@pytest.mark.parametrize(
+    ("ini", "stored_in"),
+    [
+        ("[pytest]\nvram_baseline_dir = memory/baselines\n", "memory/baselines"),
+        ("[pytest]\n", "baselines"),
+    ],
+    ids=["ini vram_baseline_dir", "no ini setting"],
+)
+def test_without_baseline_dir_the_merge_writes_where_pytest_would(
+    suite: pytest.Pytester,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    ini: str,
+    stored_in: str,
+) -> None:
+    suite.makeini(ini)
+    suite.runpytest(CPU, "test_suite.py", "-k", "alpha", "--vram-report", "--vram-json=s.json")
+    (suite.path / "tests").mkdir()
+    # From a folder below the rootdir, as a CI step might run it.
+    monkeypatch.chdir(suite.path / "tests")
+    assert main(["update-baselines", "../s.json"]) == 0
+    assert "test_suite.py::test_alpha:" in (suite.path / stored_in / "cpu.yaml").read_text()
+    assert not (suite.path / "tests" / "baselines").exists()
+    # The plugin, run from the rootdir, compares with what the merge stored.
+    monkeypatch.chdir(suite.path)
+    result = suite.runpytest(CPU, "test_suite.py", "-k", "alpha", "--vram-report", "--vram-strict")
+    result.assert_outcomes(passed=1)
