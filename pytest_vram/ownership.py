@@ -7,6 +7,11 @@ the test's fixtures that already existed when it started (a module- or session-s
 an earlier test made) hold on the measured device. A broader-scoped fixture made in this test's
 own setup counts with what it holds once made, not with the temporaries of making it, which a
 later test would not see either.
+
+Reserved memory cannot be read so: whether a test's allocations need a new segment depends on
+the segments everything else alive keeps. The simulated device lays out the test's own memory
+on segments of its own instead (see ``OwnSegments``); the cuda backend's reserved figures are the
+real allocator's, the whole process's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ __all__ = [
     "OwnView",
     "broader_scoped",
     "held_bytes",
+    "held_storages",
     "still_held_by_fixtures",
     "tensors_in",
     "view_for",
@@ -85,7 +91,12 @@ def tensors_in(value: Any) -> Iterator[Any]:
 
 def held_bytes(values: list[Any], backend: Backend) -> int:
     """The bytes ``backend`` counts for the storages ``values`` hold, each storage once."""
-    storages: dict[Any, int] = {}
+    return sum(size for _, size in held_storages(values, backend))
+
+
+def held_storages(values: list[Any], backend: Backend) -> list[tuple[Any, int]]:
+    """A tensor for each storage ``values`` hold that ``backend`` counts, with its bytes."""
+    storages: dict[Any, tuple[Any, int]] = {}
     for value in values:
         for tensor in tensors_in(value):
             try:
@@ -94,8 +105,8 @@ def held_bytes(values: list[Any], backend: Backend) -> int:
             except (RuntimeError, NotImplementedError, AttributeError, TypeError):
                 continue  # a wrapper subclass without a storage of its own
             if size is not None:
-                storages[key] = size
-    return sum(storages.values())
+                storages[key] = (tensor, size)
+    return list(storages.values())
 
 
 def broader_scoped(item: pytest.Item, known: dict[int, Any] | None = None) -> tuple[str, ...]:
@@ -166,13 +177,18 @@ def view_for(item: pytest.Item, backend: Backend, names: tuple[str, ...] | None 
 
     ``names``: those of its broader-scoped fixtures, where the caller has them.
     """
-    if names is not None and not names:
+    if names is None:
+        names = broader_scoped(item)
+    if not names:
         return OwnView(backend, 0)
     reused, replaced = cached_fixture_values(item, names)
+    storages = held_storages(reused, backend) if reused else []
     return OwnView(
         backend,
-        held=held_bytes(reused, backend) if reused else 0,
+        held=sum(size for _, size in storages),
         replaced={name: held_bytes([value], backend) for name, value in replaced.items()},
+        held_tensors=[tensor for tensor, _ in storages],
+        fixtures=True,
     )
 
 
@@ -188,12 +204,26 @@ class OwnView:
     """A backend as one test sees it: allocated and peak bytes are the test's own.
 
     It passes everything else to the backend. ``begin_test`` fixes the offset: what was
-    allocated then, less what the test's fixtures already held.
+    allocated then, less what the test's fixtures already held. Reserved figures are the
+    test's own where the backend models them so (the simulated device: ``own_reserved``),
+    told of ``held_tensors``, the storages its fixtures held before it began; elsewhere they
+    are the device's.
     """
 
-    def __init__(self, backend: Backend, held: int, replaced: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        held: int,
+        replaced: dict[str, int] | None = None,
+        held_tensors: list[Any] | None = None,
+        fixtures: bool = False,
+    ) -> None:
         self._backend = backend
         self.held = held
+        #: Until the test begins: kept no longer, or they would outlive their fixtures.
+        self._held_tensors = held_tensors or []
+        #: Whether the test has broader-scoped fixtures.
+        self.fixtures = fixtures
         #: By fixture name: what the value that this test's setup replaces holds. It was
         #: another test's, and setup frees it before making this test's.
         self.replaced = dict(replaced) if replaced else {}
@@ -202,8 +232,12 @@ class OwnView:
         # What every test reads passes straight through, bound once rather than looked up
         # through __getattr__ at each read.
         self.name = backend.name
-        self.reserved = backend.reserved
-        self.peak_reserved = backend.peak_reserved
+        self.reserved = getattr(backend, "own_reserved", backend.reserved)
+        self.peak_reserved = getattr(backend, "own_peak_reserved", backend.peak_reserved)
+        self._own_memory = getattr(backend, "own_memory", None) if fixtures else None
+        if self._own_memory is None:
+            self._held_tensors = []
+        self._restart_own = getattr(backend, "restart_own", None)
         self.peak_device = backend.peak_device
         self.counters = backend.counters
         self.end_test = backend.end_test
@@ -213,6 +247,9 @@ class OwnView:
         return getattr(self._backend, name)
 
     def begin_test(self) -> None:
+        if self._own_memory is not None:
+            self._own_memory(self._held_tensors, fixtures=True)
+        self._held_tensors = []
         self._backend.begin_test()
         self._offset = self._backend.allocated() - self.held
         self._excluding = 0
@@ -232,6 +269,7 @@ class OwnView:
         so far."""
         if self._excluding == 0:
             fold()
+            _tell_listeners(True)
         # pytest freed the value it replaces right before: that memory was not this test's.
         self._offset -= self.replaced.pop(name, 0)
         self._excluding += 1
@@ -240,4 +278,15 @@ class OwnView:
         """It is made: what making it cost above what it holds is forgotten."""
         self._excluding -= 1
         if self._excluding == 0:
+            if self._restart_own is not None:
+                self._restart_own()
             self._backend.reset_peak()
+            _tell_listeners(False)
+
+
+def _tell_listeners(started: bool) -> None:
+    # Attribution listens to a storage tracker; none does before the module is imported (and
+    # importing it imports torch).
+    tracker = sys.modules.get("pytest_vram.backends.tracker")
+    if tracker is not None:
+        tracker.making_fixture(started)

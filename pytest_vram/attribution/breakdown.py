@@ -44,6 +44,9 @@ FIGURE_PREFIX = "peak_"
 MODULES_SHOWN = 8
 
 _FORWARD, _OPTIMIZER, _OUTSIDE = 1, 2, 0
+# Where a broader-scoped fixture made in the test's setup allocated: classified as memory held
+# from before the test is, since a later test that uses the fixture finds it so.
+_HELD: tuple[int | None, str | None] = (None, None)
 
 
 def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:
@@ -106,10 +109,14 @@ class PeakBreakdown:
         # (bytes added, tag, size after; 0 when freed) for every event, in order.
         self._events: list[tuple[int, int | None, int]] = []
         # tag -> (phase, module unit) where it was allocated.
-        self._where: dict[int, tuple[int, str | None]] = {}
+        self._where: dict[int, tuple[int | None, str | None]] = {}
         # Storages alive since before the test that a hook met: tag -> bytes.
         self._adopted: dict[int, int] = {}
-        self._now: tuple[int, str | None] = (_OUTSIDE, None)
+        self._now: tuple[int | None, str | None] = (_OUTSIDE, None)
+        # How deep in making broader-scoped fixtures, and the first event after the last one
+        # was made: what making it cost is not the test's peak.
+        self._making = 0
+        self._peak_from = 0
         self._stack: list[Any] = []
         self._optimizer_depth = 0
         self._unit_of_module: dict[int, str] = {}
@@ -127,7 +134,7 @@ class PeakBreakdown:
 
     def allocated(self, tag: int, size: int, handle: Any) -> None:
         self._events.append((size, tag, size))
-        self._where[tag] = self._now
+        self._where[tag] = _HELD if self._making else self._now
 
     def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
         self._events.append((new - old, tag, new))
@@ -137,6 +144,11 @@ class PeakBreakdown:
 
     def adopted(self, tag: int, size: int, handle: Any) -> None:
         self._adopted[tag] = size
+
+    def making_fixture(self, started: bool) -> None:
+        self._making += 1 if started else -1
+        if not self._making:
+            self._peak_from = len(self._events)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -270,10 +282,11 @@ class PeakBreakdown:
             if root is not None:
                 self._note_module_tensors(root)
         events = self._events
-        running = best = 0
-        best_index = -1
-        for index, (delta, _tag, _size) in enumerate(events):
-            running += delta
+        start = self._peak_from
+        running = sum(delta for delta, _tag, _size in events[:start])
+        best, best_index = running, start - 1
+        for index in range(start, len(events)):
+            running += events[index][0]
             if running > best:
                 best, best_index = running, index
         live: dict[int, int] = dict(self._adopted)

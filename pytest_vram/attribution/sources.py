@@ -57,7 +57,7 @@ class TrackerSource:
             from pytest_vram.backends.tracker import StorageTracker
 
             counts = _is_cpu if name == "cpu" else _is_cuda
-            tracker = StorageTracker(counts=counts, count_unseen_aliases=False)
+            tracker = StorageTracker(counts=counts, count_unseen_aliases=False, adopt_unseen=True)
             tracker.mode.__enter__()
             self._pushed = True
         self.tracker = tracker

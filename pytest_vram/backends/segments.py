@@ -30,6 +30,7 @@ import torch
 __all__ = [
     "Block",
     "CachingAllocatorModel",
+    "OwnSegments",
     "SegmentFigures",
     "format_cuda_size",
     "segment_size_for",
@@ -292,3 +293,73 @@ class CachingAllocatorModel:
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation. "
             "(pytest-vram simulated device: its capacity is set by --vram-sim-capacity.)"
         )
+
+
+class OwnSegments:
+    """The segments one test's own memory needs: what its reserved figures are read from.
+
+    The device's model holds every live storage, other tests' fixtures included, and its
+    cached blocks are laid out by whatever ran before: a test's allocations may fit in a
+    segment that another test's fixture keeps, or need one it would not need alone. So, as
+    the allocator the tracker tells, this passes every allocation and free on to ``device``
+    (its blocks are the handles, its capacity raises the out-of-memory) and, while a test is
+    measured (:meth:`start`), replays the test's own on a fresh model: first the storages its
+    fixtures already hold, largest first, an order that does not depend on which test made
+    them, then what the test allocates and frees.
+    """
+
+    def __init__(self, device: CachingAllocatorModel) -> None:
+        self.device = device
+        #: The running test's model; None between measured tests.
+        self.model: CachingAllocatorModel | None = None
+        # By the device's block: the test's block for the same storage, and its request.
+        self._twins: dict[Block, tuple[Block | None, int]] = {}
+        # Requests held without a device block this model sees freed (counted elsewhere).
+        self._kept: list[int] = []
+
+    def malloc(self, nbytes: int) -> Block | None:
+        block = self.device.malloc(nbytes)
+        model = self.model
+        if model is not None and block is not None:
+            self._twins[block] = (model.malloc(nbytes), nbytes)
+        return block
+
+    def free(self, block: Block | None) -> None:
+        self.device.free(block)
+        if self._twins:
+            twin = self._twins.pop(block, None)  # type: ignore[arg-type]
+            if twin is not None and self.model is not None:
+                self.model.free(twin[0])
+
+    def start(self, held: list[tuple[Block | None, int]]) -> None:
+        """A fresh model for a test whose fixtures hold ``held``: per storage, its device
+        block (None where frees of it are not seen here) and its size."""
+        model = self.model = CachingAllocatorModel()
+        twins: dict[Block, tuple[Block | None, int]] = {}
+        kept = []
+        # Sorted by size alone: equal requests lay a fresh model out alike, in any order.
+        for block, nbytes in sorted(held, key=_request_size, reverse=True):
+            twin = model.malloc(nbytes)
+            if block is None:
+                kept.append(nbytes)
+            else:
+                twins[block] = (twin, nbytes)
+        self._twins = twins
+        self._kept = kept
+
+    def restart(self) -> None:
+        """Start again from what is live now: a broader-scoped fixture was made, and what
+        making it cost, cached blocks included, is forgotten as a later test never sees it."""
+        if self.model is None:
+            return
+        live = [(block, nbytes) for block, (_, nbytes) in self._twins.items()]
+        self.start(live + [(None, nbytes) for nbytes in self._kept])
+
+    def stop(self) -> None:
+        self.model = None
+        self._twins = {}
+        self._kept = []
+
+
+def _request_size(held: tuple[Block | None, int]) -> int:
+    return held[1]

@@ -41,7 +41,7 @@ from pytest_vram.backends.base import Backend
 from pytest_vram.backends.dynamoconfig import load_config_alone
 from pytest_vram.backends.fakecuda import VirtualCuda
 from pytest_vram.backends.known import KnownValues
-from pytest_vram.backends.segments import CachingAllocatorModel, SegmentFigures
+from pytest_vram.backends.segments import CachingAllocatorModel, OwnSegments, SegmentFigures
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 from pytest_vram.units import format_size, parse_size
 
@@ -262,11 +262,13 @@ class SimBackend(Backend):
     def __init__(self, capacity: int | str | None = None) -> None:
         self.capacity = None if capacity is None else parse_size(capacity)
         self.segments = CachingAllocatorModel(capacity=self.capacity)
+        #: The running test's own segments, which its reserved figures are read from.
+        self.own_segments = OwnSegments(self.segments)
         self.tracker = StorageTracker(
             counts=self._counts,
             size_of=round_like_cuda_allocator,
             on_allocate=self._check_host,
-            allocator=self.segments,
+            allocator=self.own_segments,
             count_unseen_aliases=False,
             before_listen=self._count_in_python,
         )
@@ -294,6 +296,12 @@ class SimBackend(Backend):
         self._ops_unavailable: str | None = None
         #: Whether the running test counts with the op counter.
         self._native = False
+        #: Whether the op counter's segments are the running test's own: they were empty
+        #: when it started counting there.
+        self._own_ops = False
+        #: What the next test's fixtures made before it hold, and whether it has fixtures of
+        #: a broader scope (:meth:`own_memory`).
+        self._next_own: tuple[list[torch.Tensor], bool] | None = None
 
     @property
     def fake_mode(self) -> _SimFakeTensorMode:
@@ -482,20 +490,33 @@ class SimBackend(Backend):
         """The device size ``torch.cuda`` reports: the capacity, or :data:`UNLIMITED_TOTAL`."""
         return self.capacity if self.capacity is not None else UNLIMITED_TOTAL
 
+    def own_memory(self, held: list[torch.Tensor], *, fixtures: bool) -> None:
+        """Before the next test begins: its fixtures that were made before it hold ``held``
+        (a tensor per storage), and ``fixtures`` says whether it has broader-scoped fixtures
+        at all. Its reserved figures (:meth:`own_reserved`) count those and its own
+        allocations, on segments of their own."""
+        self._next_own = (held, fixtures)
+
     def begin_test(self) -> None:
         if self._active:
             return
+        held, fixtures = self._next_own or ([], False)
+        self._next_own = None
         self._counters_at_start = (self.segments.num_ooms, self.segments.num_alloc_retries)
         # The dispatch mode first: entering FakeTensorMode reads torch.cuda.is_available(),
         # which must be the real answer.
         computing = self.computing
         # A capacity needs its out-of-memory at the allocation, which only the tracker, which
         # asks the segments at each allocation, can raise; listeners hear from the tracker.
+        # The op counter's segments are the test's own only when they start empty, and its
+        # fixtures' storages could not be laid out on them anew: the tracker counts then.
         native = (
             computing
             and self.capacity is None
             and not self.tracker.listeners
+            and not fixtures
             and self._op_counter() is not None
+            and self._ops.segments().reserved == 0  # type: ignore[union-attr]
         )
         mode: Any = None if native else self.tracker.mode if computing else self.fake_mode
         self._native = native
@@ -516,10 +537,30 @@ class SimBackend(Backend):
         except BaseException:
             self._stop_counting(mode)
             raise
+        self.tracker.flush()  # what died before the test is not its own
+        self.own_segments.start(self._allocations_of(held))
+        self._own_ops = native
         self._mode = mode
         self._active = True
 
+    def _allocations_of(self, held: list[torch.Tensor]) -> list[tuple[Any, int]]:
+        """Per storage of ``held``: the segment block it has (None where the op counter
+        counts it) and its bytes."""
+        found = []
+        allocation_of = self.tracker.allocation_of
+        for tensor in held:
+            allocation = allocation_of(tensor)
+            if allocation is None:
+                size = self.storage_bytes(tensor)
+                if size:
+                    allocation = (None, size)
+            if allocation is not None:
+                found.append(allocation)
+        return found
+
     def _stop_counting(self, mode: Any) -> None:
+        self.own_segments.stop()
+        self._own_ops = False
         try:
             if self._native:
                 assert self._ops is not None
@@ -570,6 +611,9 @@ class SimBackend(Backend):
     def reset_peak(self) -> None:
         self.tracker.reset_peak()
         self.segments.reset_peak()
+        own = self.own_segments.model
+        if own is not None:
+            own.reset_peak()
         if self._ops is not None:
             self._ops.reset_peak()
             self._ops.reset_segment_peaks()
@@ -585,16 +629,55 @@ class SimBackend(Backend):
     def peak_reserved(self) -> int | None:
         return self._segments().peak_reserved
 
+    # The test's own reserved memory: its figures do not depend on what else is alive.
+
+    def own_reserved(self) -> int | None:
+        """The bytes of the segments the running test's own memory needs (see
+        :class:`~pytest_vram.backends.segments.OwnSegments`); between tests, :meth:`reserved`."""
+        own = self._own_figures()
+        return self.reserved() if own is None else own.reserved
+
+    def own_peak_reserved(self) -> int | None:
+        own = self._own_figures()
+        return self.peak_reserved() if own is None else own.peak_reserved
+
+    def _own_figures(self) -> SegmentFigures | None:
+        model = self.own_segments.model
+        if model is None:
+            return None
+        self.tracker.flush()
+        figures = model.figures()
+        if not self._own_ops:
+            return figures
+        assert self._ops is not None
+        return SegmentFigures(*map(sum, zip(figures, self._ops.segments(), strict=True)))
+
+    def restart_own(self) -> None:
+        """A broader-scoped fixture was made: the test's own segments start again from what
+        is live, as in a later test that finds it made."""
+        self.tracker.flush()
+        self.own_segments.restart()
+
     def release_cache(self) -> None:
         self.tracker.flush()
         self.segments.empty_cache()
+        own = self.own_segments.model
+        if own is not None:
+            own.empty_cache()
         if self._ops is not None:
             self._ops.empty_cache()
 
     def counters(self) -> dict[str, int]:
         ooms, retries = self._counters_at_start
         self.tracker.flush()
-        inactive = self._inactive_split_bytes()
+        own = self.own_segments.model
+        if own is None:
+            inactive = self._inactive_split_bytes()
+        else:  # the test's own, as its reserved figures are
+            inactive = own.inactive_split_bytes()
+            if self._own_ops:
+                assert self._ops is not None
+                inactive += self._ops.inactive_split_bytes()
         return {
             "num_ooms": self.segments.num_ooms - ooms,
             "num_alloc_retries": self.segments.num_alloc_retries - retries,

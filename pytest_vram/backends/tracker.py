@@ -16,6 +16,7 @@ allocation or answers a query, so that the counts are only ever changed by one t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +24,13 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AllocationListener", "Allocator", "StorageTracker", "round_like_cuda_allocator"]
+__all__ = [
+    "AllocationListener",
+    "Allocator",
+    "StorageTracker",
+    "making_fixture",
+    "round_like_cuda_allocator",
+]
 
 
 def round_like_cuda_allocator(nbytes: int) -> int:
@@ -57,6 +64,20 @@ class AllocationListener(Protocol):
     def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None: ...
 
     def freed(self, tag: int | None, size: int, handle: Any) -> None: ...
+
+
+_TRACKER_NUMBERS = itertools.count()
+
+#: The trackers that have listeners now.
+_LISTENED: set[StorageTracker] = set()
+
+
+def making_fixture(started: bool) -> None:
+    """A broader-scoped fixture starts (True) or ends (False) being made in a measured test's
+    setup. The listeners of every tracker that has some are told (``making_fixture``, where
+    they have it): what is made then is the fixture's, as a later test finds it made."""
+    for tracker in tuple(_LISTENED):
+        tracker.making_fixture(started)
 
 
 class _Record:
@@ -113,6 +134,10 @@ class StorageTracker:
 
     ``before_listen`` runs before a listener is added: the sim backend, which may count a test
     elsewhere, then counts it here, where listeners hear of each allocation.
+
+    With ``adopt_unseen=True`` (a tracker that only listeners read, made for one test),
+    :meth:`tag_of` also tags a storage the tracker never counted, one made before it watched:
+    listeners adopt it and hear when it dies, and the counts stay as they were.
     """
 
     def __init__(
@@ -123,17 +148,23 @@ class StorageTracker:
         allocator: Allocator | None = None,
         count_unseen_aliases: bool = True,
         before_listen: Callable[[], None] | None = None,
+        adopt_unseen: bool = False,
     ) -> None:
+        self._adopt_unseen = adopt_unseen
         self._counts = counts
         self._size_of = size_of
         self._on_allocate = on_allocate
         self.allocator = allocator
-        # One attribute name per tracker, so that two trackers can watch the same storage.
-        self._key = f"_pytest_vram_record_{id(self):x}"
+        # One attribute name per tracker, so that two trackers can watch the same storage; not
+        # the tracker's id, which a later one may get when this one is gone.
+        self._key = f"_pytest_vram_record_{next(_TRACKER_NUMBERS)}"
         self._released: list[tuple[int, Any, Any]] = []
         #: Attribution's listeners; empty (and free) unless a test asked for attribution.
         self.listeners: tuple[AllocationListener, ...] = ()
         self._next_tag = 0
+        # Tags below this one were given for listeners that are gone: to those listening now
+        # such a storage is one from before, adopted when met (tag_of).
+        self._first_tag = 1
         # Reentrant: an on_allocate hook may read the counts it is called from.
         self._lock = threading.RLock()
         self._current = 0
@@ -165,31 +196,54 @@ class StorageTracker:
             self._before_listen()
         with self._lock:
             self._apply_releases()  # frees from before belong to no listener
+            if not self.listeners:
+                self._first_tag = self._next_tag + 1
             self.listeners = (*self.listeners, listener)
+            _LISTENED.add(self)
 
     def remove_listener(self, listener: AllocationListener) -> None:
         with self._lock:
             self._apply_releases()
             self.listeners = tuple(x for x in self.listeners if x is not listener)
+            if not self.listeners:
+                _LISTENED.discard(self)
+
+    def making_fixture(self, started: bool) -> None:
+        """See :func:`making_fixture`."""
+        with self._lock:
+            self._apply_releases()  # what died before belongs before
+            for listener in self.listeners:
+                told = getattr(listener, "making_fixture", None)
+                if told is not None:
+                    told(started)
 
     def tag_of(self, tensor: torch.Tensor) -> int | None:
         """The tag of ``tensor``'s storage when the tracker counts it; a storage counted before
-        any listener was attached gets one now, and listeners learn of it as allocated before."""
+        the listeners now attached were (an earlier test's listeners' included) gets one now,
+        and listeners learn of it as allocated before."""
         if not self._counts(tensor):
             return None
         try:
-            record = getattr(tensor.untyped_storage(), self._key, None)
+            storage = tensor.untyped_storage()
         except (NotImplementedError, RuntimeError):
             return None
+        record = getattr(storage, self._key, None)
+        size = None
         if record is None:
-            return None
-        if record.tag is None:
+            if not self._adopt_unseen:
+                return None
+            nbytes = storage.nbytes()
+            size = nbytes if self._size_of is None else self._size_of(nbytes)
+            # Zero bytes: it was never counted, and its death takes nothing off the counts.
+            record = _Record(0, None, self._released)
+            setattr(storage, self._key, record)
+        if record.tag is None or record.tag < self._first_tag:
             with self._lock:
                 record.tag = tag = self._new_tag()
                 for listener in self.listeners:
                     adopt = getattr(listener, "adopted", None)
                     if adopt is not None:
-                        adopt(tag, record.size, record.handle)
+                        adopt(tag, record.size if size is None else size, record.handle)
         return record.tag
 
     def _new_tag(self) -> int:
@@ -240,6 +294,15 @@ class StorageTracker:
             return hasattr(tensor.untyped_storage(), self._key)
         except (NotImplementedError, RuntimeError):
             return False
+
+    def allocation_of(self, tensor: torch.Tensor) -> tuple[Any, int] | None:
+        """The allocator's handle for ``tensor``'s storage and its counted bytes; None when
+        the storage is not one the tracker counts."""
+        try:
+            record = getattr(tensor.untyped_storage(), self._key, None)
+        except (NotImplementedError, RuntimeError):
+            return None
+        return None if record is None else (record.handle, record.size)
 
     def observe_output(self, func: Any, out: Any) -> None:
         """Count what the op ``func`` returned (a tensor, a list or tuple of them, or neither)."""
