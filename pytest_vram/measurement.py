@@ -210,6 +210,8 @@ class TestMeasurement:
         record.peak_reserved = window.reserved
         record.peak_device = window.device
         record.counters = self.backend.counters()
+        if self.backend.order_dependent_figures:
+            record.unstored = sorted(self.backend.order_dependent_figures)
 
     def end(self) -> None:
         """Read what the test left allocated; call after its teardown."""

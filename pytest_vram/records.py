@@ -75,6 +75,9 @@ class TestRecord:
     breakdown: dict[str, Any] | None = None
     #: Under ``--vram-snapshot-on-fail``: the memory snapshot written for this failing test.
     snapshot: str | None = None
+    #: Figures measured but never stored: the backend's reading of them depends on what other
+    #: tests hold (see ``Backend.order_dependent_figures``).
+    unstored: list[str] = field(default_factory=list)
 
     @property
     def peak_increment(self) -> int:
@@ -105,6 +108,8 @@ class TestRecord:
             figures["leak_growth"] = max(0, self.scenarios["leak_check"]["growth"])
         if self.breakdown:
             figures.update(category_figures(self.breakdown))
+        for name in self.unstored:
+            figures.pop(name, None)
         return figures
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +122,8 @@ class TestRecord:
             del data["ranks"]
         if self.snapshot is None:  # as do the records of tests without a snapshot
             del data["snapshot"]
+        if not self.unstored:
+            del data["unstored"]
         return data
 
     @classmethod

@@ -25,6 +25,9 @@ class Backend:
     name: str = ""
     #: Where the test should put its tensors; each backend sets it.
     device: torch.device
+    #: The figures this backend reads from the whole device, so that what other tests still
+    #: hold (their fixtures, a cache) changes them: reported, never stored in a baseline.
+    order_dependent_figures: frozenset[str] = frozenset()
 
     @property
     def device_class(self) -> str:
