@@ -266,6 +266,20 @@ class RunComparison:
     def failed(self) -> bool:
         return bool(self.grown)
 
+    def counts(self) -> list[tuple[str, int, str]]:
+        """``(kind, count, words)`` for each kind of change that some test has, in the order
+        reports list them (``unchanged`` last)."""
+        labels = (
+            ("grown", f"grown beyond {self.tolerance}"),
+            ("within-tolerance", "grown within the tolerance"),
+            ("shrunk", "shrunk"),
+            ("new", "new"),
+            ("removed", "removed"),
+            ("unchanged", "unchanged"),
+        )
+        found = ((kind, len(self.of_kind(kind)), words) for kind, words in labels)
+        return [(kind, count, words) for kind, count, words in found if count]
+
 
 def compare_runs(
     base_rows: list[dict[str, Any]],
@@ -462,18 +476,7 @@ def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -
         ]
         lines += table_lines(["test", "base", "head", "change", "result"], body, right={1, 2, 3})
         lines.append("")
-    parts = []
-    for kind, label in (
-        ("grown", f"grown beyond {result.tolerance}"),
-        ("within-tolerance", "grown within the tolerance"),
-        ("shrunk", "shrunk"),
-        ("new", "new"),
-        ("removed", "removed"),
-        ("unchanged", "unchanged"),
-    ):
-        count = len(result.of_kind(kind))
-        if count:
-            parts.append(f"{count} {label}")
+    parts = [f"{count} {words}" for _, count, words in result.counts()]
     lines.append((", ".join(parts) or "no measured tests") + ".")
     if result.failed:
         count = len(result.grown)

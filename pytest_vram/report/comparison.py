@@ -50,6 +50,8 @@ class _Comparison(Protocol):
 
     def of_kind(self, kind: str) -> list[_Change]: ...
 
+    def counts(self) -> list[tuple[str, int, str]]: ...
+
 
 def render_comparison(
     result: _Comparison,
@@ -169,17 +171,9 @@ def _table(heading: str, header: list[str], rule: str, rows: list[list[str]], to
 
 
 def _counts_line(result: _Comparison, crossed: int) -> str:
-    counts = []
-    for kind, label in (
-        ("grown", f"grown beyond {result.tolerance}"),
-        ("within-tolerance", "grown within the tolerance"),
-        ("shrunk", "shrunk"),
-        ("new", "new"),
-        ("removed", "removed"),
-    ):
-        count = len(result.of_kind(kind))
-        if count:
-            counts.append(f"{count} {_text(label)}")
+    counts = [
+        f"{count} {_text(words)}" for kind, count, words in result.counts() if kind != "unchanged"
+    ]
     if crossed:
         counts.append(f"{crossed} over {'its budget' if crossed == 1 else 'their budgets'}")
     unchanged = len(result.of_kind("unchanged"))
