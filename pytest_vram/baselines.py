@@ -6,18 +6,26 @@ hand-broken file is an error that names the file and line. A file's name is the 
 finds a device class's file by that name, so a file can neither hide under another name nor be
 replaced by a new file of the same name. Writes go to a temporary file renamed over the old one,
 so an interrupted run never leaves half a file; writers of one file take a lock beside it.
+
+A file the writer wrote ends with the line ``# end of baselines``, which its header announces:
+a file that starts with that header and lacks the line was cut short (a full disk, an
+interrupted copy or checkout), and is an error rather than a file with fewer entries. Files of
+earlier versions, without the announcement, are read as they are and get it when next written.
+A file in the writer's layout is read by :mod:`pytest_vram.baselinescan`, two million entries
+in seconds; anything else (a hand edit, other quoting) by the careful reader below.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
+import io
 import os
 import re
-import tempfile
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +33,15 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from pytest_vram import baselinescan
+from pytest_vram.atomic import TEMPORARY_SUFFIX, make_directory, write_atomic
+from pytest_vram.figures import FigureError, check_figure, check_figure_name, check_nodeid
 from pytest_vram.report.text import percent_text
 from pytest_vram.units import Tolerance, format_delta, format_size
 
 __all__ = [
     "COMPARED_FIGURES",
+    "END_LINE",
     "GITIGNORE_PATTERNS",
     "BaselineFile",
     "BaselineFileError",
@@ -54,10 +66,21 @@ COMPARED_FIGURES = {
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
+#: The last line of a file the writer wrote; a file whose header announces it and that does
+#: not end with it was cut short.
+END_LINE = "# end of baselines"
 _HEADER = (
     "# pytest-vram baselines: peak memory per test, in bytes, for one device class.\n"
     "# Update after an intended change with: pytest --vram-update-baselines\n"
+    f"# A whole file ends with the line: {END_LINE}\n"
 )
+_DUMP_STYLE: dict[str, Any] = {"sort_keys": False, "default_flow_style": False, "width": 1000}
+# libyaml writes a key of more than 128 characters as `? KEY` then `: VALUE`; the writer too.
+_SIMPLE_KEY_CHARS = 128
+# The head of a file in the writer's layout (comments, device, environment) is short.
+_MAX_HEAD_LINES = 10_000
+#: A load that takes longer than this many seconds says so on stderr.
+PROGRESS_AFTER_S = 1.0
 _TOP_KEYS = ("device", "environment", "tests")
 # The tags a safe loader builds; anything else (python/object, custom tags) is refused.
 _SAFE_TAGS = frozenset(
@@ -69,8 +92,8 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 
 # What the writer leaves beside a baseline file: its lock, and while it writes, a temporary
-# file. A killed writer can leave the temporary file; these patterns keep both out of git.
-TEMPORARY_SUFFIX = ".tmp"
+# file (named by pytest_vram.atomic). A killed writer can leave the temporary file; these
+# patterns keep both out of git.
 LOCK_SUFFIX = ".lock"
 GITIGNORE_PATTERNS = (f".*{LOCK_SUFFIX}", f".*{TEMPORARY_SUFFIX}")
 
@@ -94,46 +117,209 @@ class BaselineFile:
     entries: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def dump(self) -> str:
-        document = {
+        """The file's text: sorted and stable, as libyaml would write the same document, with
+        the header and closing line that tell a whole file from one cut short."""
+        head = {
             "device": self.device,
             "environment": dict(sorted(stored_environment(self.environment).items())),
-            "tests": {
-                nodeid: dict(sorted(self.entries[nodeid].items()))
-                for nodeid in sorted(self.entries)
-            },
         }
-        body = yaml.dump(
-            document, Dumper=_SafeDumper, sort_keys=False, default_flow_style=False, width=1000
-        )
-        return _HEADER + body
+        parts = [_HEADER, yaml.dump(head, Dumper=_SafeDumper, **_DUMP_STYLE)]
+        parts.append("tests:\n" if self.entries else "tests: {}\n")
+        parts.extend(_dump_entry(nodeid, self.entries[nodeid]) for nodeid in sorted(self.entries))
+        parts.append(f"{END_LINE}\n")
+        return "".join(parts)
 
     def write(self) -> None:
         """Replace the file atomically: a reader sees the old file or the new one, never half."""
-        make_directory(self.path.parent)
         # The temporary name matches GITIGNORE_PATTERNS: a writer killed here leaves nothing
         # that `git add` picks up, and the next writer under the lock removes it.
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=TEMPORARY_SUFFIX, dir=self.path.parent
-        )
-        try:
-            # mkstemp makes the file private; keep the old file's mode, or the umask's default.
-            os.chmod(tmp, _mode_for(self.path))
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(self.dump())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, self.dump())
 
     @classmethod
     def read(cls, path: Path) -> BaselineFile:
+        """Read ``path``; BaselineFileError names the file (and line) of any fault, a file cut
+        short included. A load that takes more than PROGRESS_AFTER_S says so on stderr."""
+        with _Progress(path) as progress:
+            loaded = read_fast(path)
+            if loaded is None:
+                progress.careful = True
+                loaded = read_careful(path)
+            progress.entries = len(loaded.entries)
+        return loaded
+
+
+def read_fast(path: Path) -> BaselineFile | None:
+    """``path`` as the fast reader reads it, or None where the file is not in the writer's
+    layout (or cannot be read) and :func:`read_careful` must read it. A file cut short is a
+    BaselineFileError here, whichever reader would read it."""
+    try:
+        with open(path, "rb") as raw:
+            ends_with = _closing_line(path, raw)
+            raw.seek(0)
+            with io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
+                return _read_layout(path, handle, ends_with)
+    except (OSError, UnicodeDecodeError, baselinescan.NotCanonical):
+        return None
+
+
+def read_careful(path: Path) -> BaselineFile:
+    """``path`` read node by node with the safe YAML loader: slow, exact, and every error
+    names its line."""
+    try:
+        with open(path, "rb") as raw:
+            _closing_line(path, raw)
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineFileError(f"{path}: cannot read the baseline file: {exc}") from None
+    return _Reader(path, text).read()
+
+
+def _closing_line(path: Path, raw: io.BufferedReader) -> str | None:
+    """The line ``raw`` must end with (END_LINE where its header announces it), or
+    BaselineFileError where the file was cut short."""
+    start = raw.read(len(_HEADER) + 8).decode("utf-8", "replace").replace("\r\n", "\n")
+    if not start.startswith(_HEADER):
+        if start and _HEADER.startswith(start):  # the whole file is the start of a header
+            raise _cut_short(path, _line_count(raw))
+        return None
+    size = raw.seek(0, os.SEEK_END)
+    raw.seek(max(0, size - 256))
+    tail = raw.read().decode("utf-8", "replace").rstrip(" \t\r\n")
+    if not tail.endswith("\n" + END_LINE):
+        raise _cut_short(path, _line_count(raw))
+    return END_LINE
+
+
+def _read_layout(path: Path, handle: io.TextIOBase, ends_with: str | None) -> BaselineFile:
+    """Read ``handle`` in the writer's layout: its head (up to the ``tests:`` line) with the
+    careful reader, its entries with :func:`baselinescan.read_tests`. Raises NotCanonical
+    wherever the careful reader must read the file: the result is then the same, or the error
+    is the careful reader's own, with its line."""
+    head = []
+    for line in handle:
+        head.append(line)
+        if line == "tests:\n":
+            break
+        if len(head) > _MAX_HEAD_LINES:
+            raise baselinescan.NotCanonical("a long head")
+    else:
+        raise baselinescan.NotCanonical("no 'tests:' line")
+    try:
+        baseline, has_device = _Reader(path, "".join(head))._read()
+    except BaselineFileError:
+        raise baselinescan.NotCanonical("head") from None
+
+    def some_entries(text: str) -> dict[str, dict[str, int]]:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BaselineFileError(f"{path}: cannot read the baseline file: {exc}") from None
-        return _Reader(path, text).read()
+            # Under a device field, so that its absence is not the error.
+            return _Reader(path, f"device: d\ntests:\n{text}").read().entries
+        except BaselineFileError:
+            raise baselinescan.NotCanonical("an entry") from None
+
+    baseline.entries = baselinescan.read_tests(handle, ends_with, some_entries)
+    if baseline.entries and not has_device:
+        raise baselinescan.NotCanonical("no device field")
+    return baseline
+
+
+def _line_count(raw: io.BufferedReader) -> int:
+    raw.seek(0)
+    lines, last = 0, b"\n"
+    for block in iter(lambda: raw.read(1 << 20), b""):
+        lines += block.count(b"\n")
+        last = block[-1:]
+    return max(1, lines + (last != b"\n"))
+
+
+def _cut_short(path: Path, last_line: int) -> BaselineFileError:
+    return BaselineFileError(
+        f"{path}:{last_line}: baseline file cut short: a whole file ends with the line "
+        f"'{END_LINE}', and entries after line {last_line} may be lost; restore it with "
+        f"`git checkout -- {path}`, or delete it and record its baselines again with "
+        "--vram-update-baselines"
+    )
+
+
+def _dump_entry(nodeid: str, figures: Mapping[str, int]) -> str:
+    names = sorted(figures)
+    if (
+        names
+        and baselinescan.is_plain_key(nodeid)
+        and (len(nodeid) <= _SIMPLE_KEY_CHARS or " " not in nodeid)  # libyaml folds at spaces
+        and all(_plain_name(name) and type(figures[name]) is int for name in names)
+    ):
+        lines = [f"    {name}: {figures[name]}\n" for name in names]
+        if len(nodeid) <= _SIMPLE_KEY_CHARS:
+            return f"  {nodeid}:\n" + "".join(lines)
+        return f"  ? {nodeid}\n  : {lines[0][4:]}" + "".join(lines[1:])
+    # Quoted, escaped or otherwise odd: as libyaml writes it under `tests:`, where it folds
+    # a long key at the same columns as in the whole document.
+    text = yaml.dump(
+        {"tests": {nodeid: {name: figures[name] for name in names}}},
+        Dumper=_SafeDumper,
+        **_DUMP_STYLE,
+    )
+    return text[len("tests:\n") :]
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_name(name: str) -> bool:
+    return baselinescan.is_plain_key(name)
+
+
+class _Progress:
+    """Says on stderr that a load is slow, once it has taken PROGRESS_AFTER_S, and what it
+    read when done: a big file otherwise holds up the run without a word."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: int | None = None
+        self.careful = False
+        self._said = False
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._timer = threading.Timer(PROGRESS_AFTER_S, self._say_loading)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Progress:
+        self._started = time.monotonic()
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        elapsed = time.monotonic() - self._started
+        if elapsed >= PROGRESS_AFTER_S:  # the timer may not have had its turn
+            self._say_loading()
+        if self._said and self.entries is not None:
+            how = (
+                ", with the careful YAML reader: the file is not in the layout pytest-vram "
+                "writes (an update rewrites it)"
+                if self.careful
+                else ""
+            )
+            entries = f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
+            with self._lock:
+                _say(f"pytest-vram: loaded {entries} from {self.path} in {elapsed:.1f} s{how}")
+
+    def _say_loading(self) -> None:
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+            try:
+                size = f" ({format_size(self.path.stat().st_size)})"
+            except OSError:
+                size = ""
+            _say(f"pytest-vram: loading the baselines in {self.path}{size} ...")
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or gone: the load goes on
+        pass
 
 
 def stored_environment(environment: dict[str, Any]) -> dict[str, Any]:
@@ -144,27 +330,6 @@ def stored_environment(environment: dict[str, Any]) -> dict[str, Any]:
         for k, v in environment.items()
         if v is not None
     }
-
-
-def make_directory(directory: Path) -> None:
-    """``mkdir -p``, where a file in the way is told as such ("Not a directory", naming the
-    file), not as mkdir's "File exists"."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        blocking = directory
-        while not blocking.exists() and blocking.parent != blocking:
-            blocking = blocking.parent
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(blocking)) from None
-
-
-def _mode_for(path: Path) -> int:
-    try:
-        return path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 class _Reader:
@@ -185,6 +350,10 @@ class _Reader:
         return min(node.start_mark.line + 1, self.last_line)
 
     def read(self) -> BaselineFile:
+        return self._read()[0]
+
+    def _read(self) -> tuple[BaselineFile, bool]:
+        """The file, and whether it has a ``device:`` field."""
         loader = _SafeLoader(self.text)
         try:
             root = loader.get_single_node()
@@ -260,9 +429,9 @@ class _Reader:
             raise self.fail(f"{what} must be text, got {value!r}", node)
         return value
 
-    def _file(self, loader: Any, root: Node | None) -> BaselineFile:
+    def _file(self, loader: Any, root: Node | None) -> tuple[BaselineFile, bool]:
         if root is None:  # an empty file
-            return BaselineFile(self.path, self.path.stem)
+            return BaselineFile(self.path, self.path.stem), False
         parts: dict[str, Node] = {}
         for key, value in self._pairs(
             root, "expected a mapping with 'device' and 'tests' at the top"
@@ -291,31 +460,30 @@ class _Reader:
             device = str(device).strip()
             if not device:
                 raise self.fail("'device' is empty", device_node)
-        return BaselineFile(self.path, device, environment, entries)
+        return BaselineFile(self.path, device, environment, entries), device_node is not None
 
     def _entries(self, loader: Any, node: Node | None) -> dict[str, dict[str, int]]:
         if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
             return {}
         entries: dict[str, dict[str, int]] = {}
         for key, value in self._pairs(node, "'tests' must map test node ids to figures"):
-            nodeid = self._key(loader, key, "a test node id")
+            try:
+                nodeid = check_nodeid(self._scalar(loader, key))
+            except FigureError as exc:
+                raise self.fail(str(exc), key) from None
             figures: dict[str, int] = {}
             for name_node, figure in self._pairs(
                 value, f"the entry of {nodeid!r} must map figure names to bytes"
             ):
-                name = self._key(loader, name_node, f"{nodeid!r}: a figure name")
-                number = self._scalar(loader, figure)
-                if isinstance(number, bool) or not isinstance(number, int):
-                    raise self.fail(
-                        f"{nodeid!r}: {name} must be an integer number of bytes, got {number!r}",
-                        figure,
-                    )
-                if number < 0:
-                    raise self.fail(
-                        f"{nodeid!r}: {name} is {number}: a number of bytes is never negative",
-                        figure,
-                    )
-                figures[name] = number
+                # The checks of pytest_vram.figures, at the line of the name or figure.
+                try:
+                    name = check_figure_name(self._scalar(loader, name_node))
+                except FigureError as exc:
+                    raise self.fail(f"{nodeid!r}: {exc}", name_node) from None
+                try:
+                    figures[name] = check_figure(name, self._scalar(loader, figure))
+                except FigureError as exc:
+                    raise self.fail(f"{nodeid!r}: {exc}", figure) from None
             entries[nodeid] = figures
         return entries
 

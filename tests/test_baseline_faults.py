@@ -332,3 +332,81 @@ def test_the_gitignore_keeps_a_users_lines(tmp_path: Path) -> None:
     writer.update([record("t.py::a", 2)])
     writer.save()
     assert (tmp_path / ".gitignore").read_text() == "*.bak\n.*.lock\n.*.tmp\n"
+
+
+# -- a file cut short --------------------------------------------------------------------------
+
+
+def cut_short(path: Path) -> str:
+    """Cut ``path`` after its second entry, as a full disk or an interrupted copy leaves it."""
+    text = path.read_text()
+    cut = text[: text.index("  test_a.py::test_c:")]
+    path.write_text(cut)
+    return cut
+
+
+@pytest.mark.parametrize("update", [False, True])
+def test_a_file_cut_short_stops_the_run_naming_it_and_is_not_rewritten(
+    pytester: pytest.Pytester, update: bool
+) -> None:
+    pytester.makepyfile(
+        test_a="""
+        import torch
+
+        def test_a(vram):
+            x = torch.ones(1024)
+
+        def test_b(vram):
+            x = torch.ones(1024)
+
+        def test_c(vram):
+            x = torch.ones(1024)
+        """
+    )
+    assert pytester.runpytest(CPU, "--vram-update-baselines").ret == pytest.ExitCode.OK
+    path = pytester.path / "baselines" / "cpu.yaml"
+    assert len(BaselineFile.read(path).entries) == 3
+    cut = cut_short(path)
+
+    result = pytester.runpytest(CPU, *(["--vram-update-baselines"] if update else []))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"*{path}:{cut.count(chr(10))}: baseline file cut short*"
+            f"restore it with `git checkout -- {path}`*--vram-update-baselines*"
+        ]
+    )
+    assert "Traceback" not in result.stderr.str()
+    assert path.read_text() == cut
+
+
+def test_a_file_of_the_previous_version_is_compared_and_rewritten_whole(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_a="import torch\ndef test_a(vram):\n    x = torch.ones(1024)\n")
+    path = write(
+        pytester.path / "baselines" / "cpu.yaml",
+        """
+        # pytest-vram baselines: peak memory per test, in bytes, for one device class.
+        # Update after an intended change with: pytest --vram-update-baselines
+        device: cpu
+        environment:
+          torch: 2.13.0
+        tests:
+          test_a.py::test_a:
+            peak_allocated: 1024
+          test_a.py::test_gone:
+            peak_allocated: 7
+        """,
+    )
+    result = pytester.runpytest(CPU)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*memory regression: peak allocated 4.00 KiB*"])
+
+    assert pytester.runpytest(CPU, "--vram-update-baselines").ret == pytest.ExitCode.OK
+    text = path.read_text()
+    assert text.splitlines()[-1] == "# end of baselines"
+    assert BaselineFile.read(path).entries == {
+        "test_a.py::test_a": {"peak_allocated": 4096},
+        "test_a.py::test_gone": {"peak_allocated": 7},
+    }

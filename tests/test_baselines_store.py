@@ -577,3 +577,267 @@ def test_writer_creates_a_file_for_a_new_device(tmp_path: Path) -> None:
     ]
     loaded = BaselineStore.load(directory)
     assert loaded.entry(H100, "t.py::a") == {"peak_allocated": 10 * GiB}
+
+
+# -- a whole file, and one cut short ---------------------------------------------------------
+
+
+def odd_ids_sample(path: Path) -> BaselineFile:
+    """Node ids the writer quotes, escapes, folds or writes as `? KEY`, among plain ones."""
+    nodeids = [
+        "tests/test_a.py::test_plain",
+        "tests/test_a.py::test_odd[a: b, #1]",
+        "tests/test_a.py::test_hash[#1]",
+        "tests/test_a.py::test_quotes['single']",
+        'tests/test_a.py::test_quotes["double"]',
+        "tests/test_a.py::test_quotes[it''s]",
+        "tests/test_ü.py::test_unicode[中文]",
+        "tests/test_a.py::test_escaped[\\u00fc]",
+        "tests/test_a.py::test_space[a b]",
+        "tests/test_a.py::test_colon[a:b]",
+        "tests/test_a.py::test_colon_end:",
+        "tests/test_a.py::test_long[" + "x" * 200 + "]",
+        "tests/test_a.py::test_long_spaces[" + "a b " * 300 + "]",
+        "tests/test_a.py::test_emoji[\U0001f600]",
+        "tests/test_a.py::test_control[\t]",
+        "-tests/test_a.py::dash",
+        "/abs/test_a.py::test_slash",
+        "yes",
+        "1:20",
+    ]
+    return BaselineFile(
+        path,
+        "NVIDIA H100 80GB HBM3",
+        {"torch": "2.13.0", "cuda": "12.8"},
+        {
+            nodeid: {"peak_allocated": 1000 + index, "idle": index, "peak_reserved": 2**62}
+            for index, nodeid in enumerate(nodeids)
+        },
+    )
+
+
+def test_dump_announces_and_ends_with_the_closing_line(tmp_path: Path) -> None:
+    text = sample(tmp_path / "h100.yaml").dump()
+    assert baselines_module.END_LINE in text.splitlines()[2]
+    assert text.endswith(f"\n{baselines_module.END_LINE}\n")
+    assert BaselineFile(tmp_path / "cpu.yaml", "cpu").dump().endswith(
+        f"tests: {{}}\n{baselines_module.END_LINE}\n"
+    )
+
+
+def test_dump_writes_what_libyaml_writes_for_the_document(tmp_path: Path) -> None:
+    # Stable across versions: the same bytes as the whole document through libyaml, between
+    # the header and the closing line.
+    baseline = odd_ids_sample(tmp_path / "h100.yaml")
+    document = {
+        "device": baseline.device,
+        "environment": dict(sorted(baseline.environment.items())),
+        "tests": {k: dict(sorted(baseline.entries[k].items())) for k in sorted(baseline.entries)},
+    }
+    body = yaml.dump(
+        document,
+        Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+        sort_keys=False,
+        default_flow_style=False,
+        width=1000,
+    )
+    text = baseline.dump()
+    header, rest = text.split("device:", 1)
+    assert header.count("\n") == 3
+    assert "device:" + rest == body + f"{baselines_module.END_LINE}\n"
+
+
+def test_every_cut_point_of_a_file_is_an_error_or_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "nvidia-h100-80gb-hbm3.yaml"
+    original = odd_ids_sample(path)
+    whole = original.dump().encode("utf-8")
+    loaded_whole = []
+    for cut in range(1, len(whole)):
+        path.write_bytes(whole[:cut])
+        try:
+            loaded = BaselineFile.read(path)
+        except BaselineFileError as exc:
+            message = str(exc)
+            assert message.startswith(f"{path}:"), (cut, message)
+            assert "cut short" in message, (cut, message)
+            assert f"git checkout -- {path}" in message
+            assert "--vram-update-baselines" in message
+        else:
+            assert loaded.entries == original.entries, cut
+            loaded_whole.append(cut)
+    # Only the final newline may go: the closing line itself is all there.
+    assert loaded_whole == [len(whole) - 1]
+    # An empty file (a cut at byte 0) is a file with no baselines yet, as it always was.
+    path.write_bytes(b"")
+    assert BaselineFile.read(path).entries == {}
+
+
+def test_a_cut_short_error_names_the_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "h100.yaml"
+    sample(path).write()
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:9]))
+    with pytest.raises(BaselineFileError, match=rf"^{path}:9: baseline file cut short"):
+        BaselineFile.read(path)
+    with pytest.raises(BaselineFileError, match=rf"^{path}:9: baseline file cut short"):
+        baselines_module.read_careful(path)
+
+
+def test_a_file_with_windows_line_ends_is_whole_or_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "h100.yaml"
+    text = sample(path).dump().replace("\n", "\r\n")
+    path.write_bytes(text.encode())
+    assert BaselineFile.read(path).entries == sample(path).entries
+    path.write_bytes(text[: text.index("  tests/test_b.py")].encode())
+    with pytest.raises(BaselineFileError, match="cut short"):
+        BaselineFile.read(path)
+
+
+OLD_FORMAT = """\
+# pytest-vram baselines: peak memory per test, in bytes, for one device class.
+# Update after an intended change with: pytest --vram-update-baselines
+device: sim
+environment:
+  backend: sim
+  pytest_vram: 0.1.0
+  torch: 2.13.0+cpu
+tests:
+  suites/test_inference.py::test_decoding_does_not_leak:
+    leak_growth: 0
+    peak_allocated: 14441472
+    peak_reserved: 16777216
+  suites/test_sim_32b.py::test_32b_training_step_fits_its_budget:
+    peak_allocated: 327638768640
+    peak_reserved: 335106015232
+    single_step_peak: 327638768640
+"""
+
+
+def test_a_file_of_the_previous_version_loads_and_gets_the_closing_line(tmp_path: Path) -> None:
+    path = tmp_path / "sim.yaml"
+    path.write_text(OLD_FORMAT)
+    loaded = BaselineFile.read(path)
+    assert baselines_module.read_fast(path) == loaded == baselines_module.read_careful(path)
+    assert loaded.entries["suites/test_inference.py::test_decoding_does_not_leak"] == {
+        "leak_growth": 0,
+        "peak_allocated": 14441472,
+        "peak_reserved": 16777216,
+    }
+    writer = BaselineWriter(BaselineStore.load(tmp_path), {"sim": {"torch": "2.13.0+cpu"}})
+    writer.update([record("t.py::new", 5, backend="sim", device="sim")])
+    assert writer.save().errors == []
+    text = path.read_text()
+    assert text.endswith(f"\n{baselines_module.END_LINE}\n")
+    assert BaselineFile.read(path).entries == {**loaded.entries, "t.py::new": {"peak_allocated": 5}}
+    # Cut short now, it is an error.
+    path.write_text(text[: text.index("  t.py::new")])
+    with pytest.raises(BaselineFileError, match="cut short"):
+        BaselineFile.read(path)
+
+
+# -- the fast reader and the careful one -----------------------------------------------------
+
+
+def test_the_fast_reader_reads_odd_node_ids_as_the_careful_one(tmp_path: Path) -> None:
+    path = tmp_path / "nvidia-h100-80gb-hbm3.yaml"
+    original = odd_ids_sample(path)
+    original.write()
+    fast = baselines_module.read_fast(path)
+    assert fast is not None  # read fast, quoted ids and all
+    assert fast == baselines_module.read_careful(path) == BaselineFile.read(path)
+    assert fast.entries == original.entries
+
+
+def test_the_fast_reader_reads_20000_entries_as_the_careful_one(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.yaml"
+    baseline = BaselineFile(path, "cpu", {"torch": "2.13.0"})
+    for index in range(20_000):
+        nodeid = f"tests/test_m{index % 97}.py::test_case[{index}-{'x' * (index % 150)}]"
+        figures = {"peak_allocated": index * 4099, "leak_growth": 0}
+        if index % 3:
+            figures["peak_reserved"] = 2_097_152 * (index % 11)
+        if index % 500 == 0:
+            figures["peak_allocated_rank1"] = 10**17 + index
+        baseline.entries[nodeid] = figures
+    baseline.entries["tests/test_q.py::test_quoted[a: b]"] = {"idle": 7}
+    baseline.write()
+    fast = baselines_module.read_fast(path)
+    assert fast is not None
+    assert fast == baselines_module.read_careful(path)
+    assert fast.entries == baseline.entries
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fast_reader_errs_or_agrees_with_the_careful_one_on_damaged_files(
+    tmp_path: Path, seed: int
+) -> None:
+    """Any damage (a character inserted or dropped, a line repeated) reads the same through
+    BaselineFile.read as through the careful reader alone: the same entries or the same
+    error, with its line."""
+    import random
+
+    path = tmp_path / "nvidia-h100-80gb-hbm3.yaml"
+    whole = odd_ids_sample(path).dump()
+    rng = random.Random(seed)
+
+    def outcome(read: Any) -> Any:
+        try:
+            loaded = read(path)
+        except BaselineFileError as exc:
+            return str(exc)
+        return None if loaded is None else (loaded.device, loaded.environment, loaded.entries)
+
+    for _ in range(150):
+        text = whole
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text))
+            choice = rng.random()
+            if choice < 0.4:
+                text = text[:at] + text[at + 1 :]
+            elif choice < 0.8:
+                text = text[:at] + rng.choice(" :#'\"\n-{}[]0a1\t?,&*!|>%@`~\\.ü\r") + text[at:]
+            else:
+                lines = text.splitlines(keepends=True)
+                lines.insert(rng.randrange(len(lines)), rng.choice(lines))
+                text = "".join(lines)
+        path.write_text(text, encoding="utf-8")
+        careful = outcome(baselines_module.read_careful)
+        assert outcome(BaselineFile.read) == careful, text
+        assert outcome(baselines_module.read_fast) in (None, careful), text
+
+
+@pytest.mark.parametrize(
+    ("figure", "words"),
+    [
+        ("    peak_allocated: 1\n    peak_alocated: 2\n", "unknown figure 'peak_alocated'"),
+        ("    peak_allocated: 99999999999999999999\n", "peak_allocated has 20 digits"),
+    ],
+)
+def test_figures_are_checked_as_every_reader_checks_them(
+    tmp_path: Path, figure: str, words: str
+) -> None:
+    path = tmp_path / "cpu.yaml"
+    text = BaselineFile(path, "cpu", {}, {"t.py::a": {"idle": 1}}).dump()
+    path.write_text(text.replace("    idle: 1\n", figure))
+    with pytest.raises(BaselineFileError) as info:
+        BaselineFile.read(path)
+    assert str(info.value).startswith(f"{path}:")
+    assert f"'t.py::a': {words}" in str(info.value)
+
+
+def test_a_slow_load_says_so_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "h100.yaml"
+    sample(path).write()
+    BaselineFile.read(path)
+    assert capsys.readouterr().err == ""  # quick: not a word
+    monkeypatch.setattr(baselines_module, "PROGRESS_AFTER_S", 0.0)
+    BaselineFile.read(path)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"pytest-vram: loading the baselines in {path} (")
+    assert err[1].startswith(f"pytest-vram: loaded 3 entries from {path} in ")
+    # Hand-written in flow style: read by the careful reader, which the last line says.
+    path.write_text(path.read_text().replace("tests:\n", "tests:\n  t.py::hand: {idle: 1}\n"))
+    assert BaselineFile.read(path).entries["t.py::hand"] == {"idle": 1}
+    assert "with the careful YAML reader" in capsys.readouterr().err
