@@ -36,6 +36,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 from pytest_vram import baselinescan
 from pytest_vram.atomic import TEMPORARY_SUFFIX, make_directory, write_atomic
 from pytest_vram.figures import FigureError, check_figure, check_figure_name, check_nodeid
+from pytest_vram.locking import held
 from pytest_vram.report.text import percent_text
 from pytest_vram.units import Tolerance, format_delta, format_size
 
@@ -606,68 +607,11 @@ def temporary_files_of(path: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def locked(path: Path, timeout: float = 120.0) -> Iterator[None]:
-    """Hold the lock of ``path`` (a ``.NAME.lock`` file beside it) for the block.
-
-    The operating system releases the lock when its holder exits, however it exits, so a killed
-    run never leaves a lock behind. The lock file stays: removing it would let a waiting
-    process and a new one lock two different files.
-    """
+    """Hold the lock of ``path`` (a ``.NAME.lock`` file beside it) for the block; see
+    :mod:`pytest_vram.locking`."""
     make_directory(path.parent)
-    lock_path = lock_path_for(path)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        _acquire(fd, lock_path, timeout)
-        try:
-            yield
-        finally:
-            _release(fd)
-    finally:
-        os.close(fd)
-
-
-def _acquire(fd: int, lock_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _try_lock(fd)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{lock_path} is held by another run and was not released in {timeout:.0f} s"
-                ) from None
-            time.sleep(0.02)
-
-
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
-
-try:
-    import msvcrt
-except ImportError:  # POSIX
-    msvcrt = None  # type: ignore[assignment]
-
-
-def _try_lock(fd: int) -> None:
-    """Lock without waiting; BlockingIOError when another process holds it."""
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    elif msvcrt is not None:  # pragma: no cover - Windows
-        os.lseek(fd, 0, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError as exc:
-            raise BlockingIOError(str(exc)) from None
-
-
-def _release(fd: int) -> None:
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    elif msvcrt is not None:  # pragma: no cover - Windows
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    with held(lock_path_for(path), timeout):
+        yield
 
 
 def ensure_gitignore(directory: Path) -> None:
