@@ -12,7 +12,9 @@ so every report names the file of that test.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import pickle
 import re
 from pathlib import Path
@@ -27,10 +29,12 @@ __all__ = [
     "history_recording",
     "resume_history",
     "snapshot_name",
+    "stop_history",
 ]
 
-# Enough history to see a training step's allocations without slowing the allocator much.
-_MAX_ENTRIES = 100_000
+# A test's allocations and frees, each with its Python stack (a few KB an entry): a test that
+# makes more keeps its last ones.
+_MAX_ENTRIES = 20_000
 # Whether a recorder keeps the CUDA allocator's history on (a leak check's sites turn it on
 # for their steps, and back to this when they are done).
 _CUDA_HISTORY = {"on": False}
@@ -41,11 +45,39 @@ def history_recording() -> bool:
     return _CUDA_HISTORY["on"]
 
 
-def resume_history() -> None:
-    """Turn the snapshots' recording of the CUDA allocator's history back on."""
+def resume_history(clear: bool = False) -> None:
+    """Turn the snapshots' recording of the CUDA allocator's history (back) on; ``clear``
+    drops what was recorded so far, so that a snapshot holds one test's history."""
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=_MAX_ENTRIES)
+    record = torch.cuda.memory._record_memory_history
+    settings: dict[str, Any] = {"context": "all", "stacks": "python", "max_entries": _MAX_ENTRIES}
+    if clear:
+        if _can_clear(record):
+            settings["clear_history"] = True
+        elif _CUDA_HISTORY["on"]:
+            record(None)  # an older torch: turning it off drops the history
+    record("all", **settings)
+    _CUDA_HISTORY["on"] = True
+
+
+def stop_history() -> None:
+    """Turn off the recording the snapshots turned on: at the session's end."""
+    if not _CUDA_HISTORY["on"]:
+        return
+    _CUDA_HISTORY["on"] = False
+    import torch
+
+    # A context lost to a CUDA error records nothing any more.
+    with contextlib.suppress(Exception):
+        torch.cuda.memory._record_memory_history(None)
+
+
+def _can_clear(record: Any) -> bool:
+    try:
+        return "clear_history" in inspect.signature(record).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # A name keeps this much of the test id: with the hash and the suffix it stays far below the
@@ -89,7 +121,10 @@ class SnapshotRecorder:
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
+        #: Whether the CUDA allocator's history is recorded for the running test.
         self._recording = False
+        #: Why it is not, where the allocator records none.
+        self._cuda_note: str | None = None
         self._log: Any = None
         self._source: Any = None
         self._segments: Any = None
@@ -99,15 +134,16 @@ class SnapshotRecorder:
             return
         from pytest_vram.attribution.sources import unwrap
 
-        if unwrap(backend).name == "cuda":
-            if not self._recording:
-                import torch
-
-                torch.cuda.memory._record_memory_history(max_entries=_MAX_ENTRIES)
-                self._recording = True
-                _CUDA_HISTORY["on"] = True
+        backend = unwrap(backend)
+        if backend.name == "cuda":
+            # Cleared for each test: a failing test's snapshot holds its own history, not the
+            # session's.
+            self._cuda_note = getattr(backend, "snapshot_note", None)
+            self._recording = self._cuda_note is None
+            if self._recording:
+                resume_history(clear=True)
             return
-        self._start_log(unwrap(backend))
+        self._start_log(backend)
 
     def _start_log(self, backend: Backend) -> None:
         from pytest_vram.attribution.sources import TrackerSource
@@ -153,6 +189,8 @@ class SnapshotRecorder:
         if self.directory is None:
             return None
         path = self.directory / snapshot_name(nodeid)
+        if self._cuda_note is not None and _is_cuda(backend):
+            raise SnapshotError(f"no memory snapshot of {nodeid}: {self._cuda_note}")
         try:
             snapshot = self._take(backend)
             if snapshot is None:
@@ -165,9 +203,7 @@ class SnapshotRecorder:
         return path
 
     def _take(self, backend: Backend) -> dict[str, Any] | None:
-        from pytest_vram.attribution.sources import unwrap
-
-        if unwrap(backend).name == "cuda":
+        if _is_cuda(backend):
             if not self._recording:
                 return None
             import torch
@@ -178,3 +214,9 @@ class SnapshotRecorder:
 
     def notes(self) -> list[str]:
         return []
+
+
+def _is_cuda(backend: Backend) -> bool:
+    from pytest_vram.attribution.sources import unwrap
+
+    return unwrap(backend).name == "cuda"

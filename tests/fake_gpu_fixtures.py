@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from fake_gpu import FakeAllocator, FakeAmdSmi, FakeNvml
+from fake_gpu import FakeAllocator, FakeAmdSmi, FakeNvml, allocator_backend
 
 from pytest_vram.backends.cuda import CudaBackend
 
@@ -69,10 +69,6 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
         alloc.seen(device)
         return alloc.peak_reserved
 
-    def synchronize(device: Any = None) -> None:
-        alloc.seen(device)
-        alloc.calls.append("synchronize")
-
     def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         alloc.seen(device)
         return f"|  fake summary, abbreviated={abbreviated}, {alloc.allocated} bytes  |"
@@ -82,9 +78,6 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
 
     def device_name(device: Any = None) -> str:
         return alloc.gpus[alloc.seen(device)].name
-
-    def clear_workspaces() -> None:
-        alloc.calls.append("clear_cublas_workspaces")
 
     patches: dict[str, Callable[..., Any]] = {
         "is_available": lambda: True,
@@ -100,21 +93,29 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
         "max_memory_reserved": max_memory_reserved,
         "get_device_name": device_name,
         "get_device_properties": properties,
-        "synchronize": synchronize,
+        "synchronize": alloc.synchronize,
         "empty_cache": alloc.empty_cache,
         "memory_summary": memory_summary,
+        "current_blas_handle": alloc.current_blas_handle,
+        "get_allocator_backend": allocator_backend,
     }
     for name, function in patches.items():
         monkeypatch.setattr(cuda, name, function)
-    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear_workspaces, raising=False)
+    monkeypatch.setattr(cuda.memory, "_record_memory_history", alloc.record_memory_history)
+    monkeypatch.setattr(cuda.memory, "_snapshot", alloc.snapshot)
+    monkeypatch.setattr(
+        torch._C, "_cuda_clearCublasWorkspaces", alloc.clear_workspaces, raising=False
+    )
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.version, "hip", None)
     return alloc
 
 
 @pytest.fixture
-def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, fake_cuda: FakeAllocator) -> FakeNvml:
+    """pynvml whose readings include what the fake torch.cuda's process uses on the GPU."""
     module = FakeNvml()
+    module.alloc = fake_cuda
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module
 

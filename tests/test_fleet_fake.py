@@ -124,7 +124,7 @@ def test_fake_cuda_workers_opt_out_keep_the_current_device(
     assert fake_cuda.set_device_calls == []
 
 
-def test_fake_cuda_an_explicit_index_is_not_moved(
+def test_fake_cuda_an_explicit_index_becomes_the_current_device(
     make_backend: Callable[..., CudaBackend],
     fake_cuda: FakeAllocator,
     no_pynvml: None,
@@ -132,8 +132,10 @@ def test_fake_cuda_an_explicit_index_is_not_moved(
 ) -> None:
     fake_cuda.gpus = [gpu(uuid=uuid(n)) for n in range(4)]
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
-    assert make_backend(index=1).index == 1
-    assert fake_cuda.set_device_calls == []
+    assert make_backend(index=1).index == 1  # not the worker's
+    # A test's device="cuda" lands on the device measured.
+    assert fake_cuda.set_device_calls == [1]
+    assert torch.cuda.current_device() == 1
 
 
 # -- MIG ------------------------------------------------------------------------------------
@@ -169,7 +171,8 @@ def test_fake_cuda_mig_slice_device_memory_is_the_slices(
     backend = make_backend()
     backend.begin_test()
     mig_slice.slices[SLICE_UUID]["used"] = 2 * GiB
-    assert backend.peak_device() == 2 * GiB  # not the parent GPU's 40 GiB
+    # Above the slice's 300 MiB at the floor; not the parent GPU's 40 GiB.
+    assert backend.peak_device() == 2 * GiB - 300 * MiB
     backend.end_test()
     assert backend.nvml_note is None
 
@@ -283,24 +286,31 @@ def test_fake_rocm_amdsmi_samples_the_gpu_at_the_same_pci_address(
     backend = make_backend()
     assert len(sampler_threads("pytest-vram-amdsmi") - before) == 1
     backend.begin_test()
-    assert backend.peak_device() == 3 * GiB
+    assert backend.peak_device() == 0  # the 3 GiB it held at the floor
     fake_amdsmi.used["0000:c1:00.0"] = 7 * GiB
-    assert backend.peak_device() == 7 * GiB
-    fake_amdsmi.used["0000:c1:00.0"] = 1 * GiB
+    assert backend.peak_device() == 4 * GiB
+    fake_amdsmi.used["0000:c1:00.0"] = 3 * GiB + 5 * MiB
     backend.reset_peak()
-    assert backend.peak_device() == 1 * GiB
+    assert backend.peak_device() == 5 * MiB
     backend.end_test()
     assert {bdf for _, bdf in fake_amdsmi.queries} == {"0000:c1:00.0"}
     assert backend.nvml_note is None
 
 
-def test_fake_rocm_amdsmi_without_a_pci_address_goes_by_index(
+def test_fake_rocm_amdsmi_without_a_pci_address_reads_only_a_lone_gpu(
     make_backend: Callable[..., CudaBackend], rocm: FakeAllocator, fake_amdsmi: FakeAmdSmi
 ) -> None:
-    rocm.gpus = [gpu(name=MI300X, total=192 * GiB, uuid=None)]
+    rocm.gpus = [gpu(name=MI300X, total=192 * GiB, uuid=None, bus=None)]
     fake_amdsmi.bdfs = ["0000:05:00.0", "0000:c1:00.0"]
     fake_amdsmi.used = {"0000:05:00.0": 5 * GiB, "0000:c1:00.0": 3 * GiB}
-    assert make_backend().peak_device() == 5 * GiB
+    backend = make_backend()
+    assert backend.peak_device() is None  # amdsmi's first GPU need not be torch's
+    assert "no PCI address" in (backend.nvml_note or "")
+    assert "amdsmi lists 2" in (backend.nvml_note or "")
+
+    fake_amdsmi.bdfs = ["0000:c1:00.0"]
+    assert make_backend().peak_device() == 0
+    assert fake_amdsmi.queries[-1] == ("memory_usage", "0000:c1:00.0")
 
 
 def test_fake_rocm_older_amdsmi_reads_vram_usage_in_mb(
@@ -310,8 +320,10 @@ def test_fake_rocm_older_amdsmi_reads_vram_usage_in_mb(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delattr(FakeAmdSmi, "amdsmi_get_gpu_memory_usage")
+    fake_amdsmi.used["0000:c1:00.0"] = 1024 * MiB
+    backend = make_backend()
     fake_amdsmi.used["0000:c1:00.0"] = 1536 * MiB + 123  # whole MB only
-    assert make_backend().peak_device() == 1536 * MiB
+    assert backend.peak_device() == 512 * MiB
     assert fake_amdsmi.queries[-1] == ("vram_usage", "0000:c1:00.0")
 
 
@@ -337,9 +349,17 @@ def test_fake_rocm_when_amdsmi_init_fails(
 
 
 def test_fake_rocm_amdsmi_lists_too_few_gpus(rocm: FakeAllocator, fake_amdsmi: FakeAmdSmi) -> None:
-    rocm.gpus = [gpu(name=MI300X, total=192 * GiB, uuid=None)] * 3
-    with pytest.raises(SourceUnavailable, match="none is ROCm device 2"):
+    rocm.gpus = [gpu(name=MI300X, total=192 * GiB, uuid=None, bus=None)] * 3
+    with pytest.raises(SourceUnavailable, match="it sees 3 GPUs and amdsmi lists 1"):
         amdsmi_source.open_source(2)
+
+
+def test_fake_rocm_amdsmi_without_the_gpu_at_torchs_address(
+    rocm: FakeAllocator, fake_amdsmi: FakeAmdSmi
+) -> None:
+    fake_amdsmi.bdfs = ["0000:05:00.0"]  # the GPU at c1 is not amdsmi's to see
+    with pytest.raises(SourceUnavailable, match="none at ROCm device 0's PCI address 0000:c1:00"):
+        amdsmi_source.open_source(0)
 
 
 # -- end to end: the plugin on a faked fleet ------------------------------------------------
@@ -365,7 +385,7 @@ elif scenario == "mig":
 elif scenario == "rocm":
     _patch.setattr(torch.version, "hip", "6.2.41133")
     _patch.setattr(torch.version, "cuda", None)
-    alloc.gpus = [gpu(name={MI300X!r}, total=192 * GiB, uuid=None)]
+    alloc.gpus = [gpu(name={MI300X!r}, total=192 * GiB, uuid=None, bus=0xC1)]
     sys.modules["amdsmi"] = FakeAmdSmi(used=3 * GiB)
 """
 
@@ -469,6 +489,6 @@ def test_fake_rocm_run_records_hip_and_amdsmi(
     root = ET.parse(pytester.path / "out.xml").getroot()
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert props["vram_device"] == MI300X
-    assert props["vram_peak_device"] == str(3 * GiB)
+    assert props["vram_peak_device"] == "0"  # nothing above the 3 GiB of its floor
     assert props["vram_env_hip"] == "6.2.41133"
     assert "vram_env_cuda" not in props

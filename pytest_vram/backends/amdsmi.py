@@ -68,17 +68,15 @@ def open_source(device_index: int) -> AmdSmiSource:
         handles = list(amdsmi.amdsmi_get_processor_handles())
     except Exception as exc:  # AmdSmiLibraryException: no driver, no library
         raise SourceUnavailable(f"amdsmi could not be initialised: {exc}") from None
-    handle = _handle_for(amdsmi, handles, device_index)
-    if handle is None:
-        raise SourceUnavailable(
-            f"amdsmi lists {len(handles)} GPUs and none is ROCm device {device_index}"
-        )
-    return AmdSmiSource(amdsmi, handle)
+    return AmdSmiSource(amdsmi, _handle_for(amdsmi, handles, device_index))
 
 
 def _handle_for(amdsmi: Any, handles: list[Any], device_index: int) -> Any:
     # HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES renumber devices for torch but not for
-    # amdsmi; the PCI address is the same for both.
+    # amdsmi; the PCI address is the same for both. amdsmi's device at torch's index may be
+    # another GPU, so without an address one is read only where both see one GPU alone.
+    import torch
+
     bdf = _torch_bdf(device_index)
     if bdf is not None:
         for handle in handles:
@@ -88,7 +86,18 @@ def _handle_for(amdsmi: Any, handles: list[Any], device_index: int) -> Any:
                 continue
             if theirs.split(".")[0] == bdf:
                 return handle
-    return handles[device_index] if device_index < len(handles) else None
+        raise SourceUnavailable(
+            f"amdsmi lists {len(handles)} GPUs and none at ROCm device {device_index}'s PCI "
+            f"address {bdf}: the device figure is not checked"
+        )
+    count = torch.cuda.device_count()
+    if len(handles) == 1 and count == 1:
+        return handles[0]
+    raise SourceUnavailable(
+        f"torch gives no PCI address for ROCm device {device_index}; it sees {count} GPUs and "
+        f"amdsmi lists {len(handles)}, whose numbering need not be torch's: the device figure "
+        "is not checked"
+    )
 
 
 def _torch_bdf(device_index: int) -> str | None:

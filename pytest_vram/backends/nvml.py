@@ -11,7 +11,14 @@ from typing import Any
 
 from pytest_vram.backends.sampler import SourceUnavailable
 
-__all__ = ["NvmlSource", "open_source", "visible_mig_uuid"]
+__all__ = ["NvmlSource", "nvml_bus_id", "open_source", "visible_mig_uuid"]
+
+# What a driver without the v2 memory struct answers for it.
+_NO_V2 = (
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+    "NVML_ERROR_NOT_SUPPORTED",
+)
 
 
 class NvmlSource:
@@ -26,15 +33,33 @@ class NvmlSource:
         self._handle = handle
         self.mig = mig
         self.device_name = device_name
+        #: The memory struct read: ``v2`` where the driver has it, else ``v1``.
+        self.struct = "v2" if getattr(nvml, "nvmlMemory_v2", None) is not None else "v1"
 
     def used(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        nvml = self._nvml
+        if self.struct == "v2":
+            # v1's used counts the driver's reserve too (hundreds of MiB on an idle GPU);
+            # v2 reports it apart.
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(self._handle, version=nvml.nvmlMemory_v2)
+                return int(info.used)
+            except Exception as exc:
+                if not _lacks_v2(nvml, exc):
+                    raise
+                self.struct = "v1"
+        return int(nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
 
     def driver_version(self) -> str | None:
         return _text(self._nvml.nvmlSystemGetDriverVersion())
 
     def close(self) -> None:
         """NVML stays initialised: other code in the process may be using it."""
+
+
+def _lacks_v2(nvml: Any, exc: Exception) -> bool:
+    codes = {getattr(nvml, name, None) for name in _NO_V2} - {None}
+    return getattr(exc, "value", None) in codes
 
 
 def open_source(device_index: int) -> NvmlSource:
@@ -47,9 +72,9 @@ def open_source(device_index: int) -> NvmlSource:
         ) from None
     try:
         pynvml.nvmlInit()
-        handle = _handle_for(pynvml, device_index)
     except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         raise SourceUnavailable(f"NVML could not be initialised: {exc}") from None
+    handle = _handle_for(pynvml, device_index)
     if _is_mig_device(pynvml, handle):
         return NvmlSource(pynvml, handle, mig=True, device_name=_device_name(pynvml, handle))
     if _mig_enabled(pynvml, handle):
@@ -70,28 +95,58 @@ def visible_mig_uuid(device_index: int) -> str | None:
     return None
 
 
+def nvml_bus_id(properties: Any) -> str | None:
+    """The PCI bus id of a device, as NVML spells it (``00000000:3B:00.0``), from
+    ``torch.cuda.get_device_properties``; None where torch does not say."""
+    bus = getattr(properties, "pci_bus_id", None)
+    if bus is None:
+        return None
+    domain = getattr(properties, "pci_domain_id", 0) or 0
+    device = getattr(properties, "pci_device_id", 0) or 0
+    return f"{int(domain):08X}:{int(bus):02X}:{int(device):02X}.0"
+
+
 def _handle_for(pynvml: Any, device_index: int) -> Any:
-    # CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML; a UUID is the same
-    # for both. CUDA reports a MIG slice's UUID without saying it is one, so try both forms.
+    # Never NVML's device at the CUDA index: CUDA_VISIBLE_DEVICES renumbers devices for CUDA
+    # and not for NVML, and CUDA_DEVICE_ORDER=FASTEST_FIRST (CUDA's default) need not be
+    # NVML's PCI order. A UUID or a PCI bus id is the same for both.
+    import torch
+
+    properties = torch.cuda.get_device_properties(device_index)
+    uuids = _uuids(device_index, properties)
+    for uuid in uuids:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        except Exception:
+            continue
+    bus = nvml_bus_id(properties)
+    if bus is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except Exception:
+            pass
+    known = [f"UUID {u}" for u in uuids[:1]] + ([f"PCI bus id {bus}"] if bus else [])
+    raise SourceUnavailable(
+        f"NVML has no device with CUDA device {device_index}'s "
+        + (" or ".join(known) if known else "UUID or PCI bus id (torch gives neither)")
+        + ", and NVML's numbering need not be CUDA's: the device figure is not checked"
+    )
+
+
+def _uuids(device_index: int, properties: Any) -> list[str]:
+    # CUDA reports a MIG slice's UUID without saying it is one, so try both forms.
     candidates = []
     visible = visible_mig_uuid(device_index)
     if visible is not None and not visible.startswith("MIG-GPU-"):  # not the pre-R470 form
         candidates.append(visible)
-    import torch
-
-    uuid = getattr(torch.cuda.get_device_properties(device_index), "uuid", None)
+    uuid = getattr(properties, "uuid", None)
     if uuid is not None:
         text = str(uuid)
         if text.startswith(("GPU-", "MIG-")):
             candidates.append(text)
         else:
             candidates += [f"GPU-{text}", f"MIG-{text}"]
-    for candidate in candidates:
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(candidate)
-        except Exception:
-            continue
-    return pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    return candidates
 
 
 def _is_mig_device(pynvml: Any, handle: Any) -> bool:
