@@ -34,6 +34,12 @@ class Backend:
         """The key of the baseline file: a GPU model, or the backend's name."""
         return self.name
 
+    @property
+    def unmeasured(self) -> dict[str, str]:
+        """Per metric this backend cannot measure here (``reserved``, ``device``), why; a budget
+        on such a metric is reported as not checked, with the reason."""
+        return {}
+
     def total_memory(self) -> int | None:
         """The device's capacity in bytes, None when unlimited."""
         return None
