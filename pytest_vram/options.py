@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.backends import BACKENDS, CPU_COUNTERS
+from pytest_vram.backends.workspaces import gpu_model
 from pytest_vram.seeding import DEFAULT_SEED
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
 
@@ -44,6 +45,15 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help="total memory of the simulated device, e.g. 80GB; allocations past it raise "
         "torch.cuda.OutOfMemoryError (default: ini vram_sim_capacity, or unlimited)",
+    )
+    group.addoption(
+        "--vram-sim-gpu",
+        metavar="NAME",
+        default=None,
+        help="the GPU model the simulated device stands for, by torch.cuda.get_device_name(), "
+        'e.g. "NVIDIA H200": its compute capability sets the cuBLAS workspace size and its '
+        "memory the capacity when none is given (default: ini vram_sim_gpu, or "
+        "NVIDIA H100 80GB HBM3 with unlimited capacity)",
     )
     group.addoption(
         "--vram-sim-compute",
@@ -139,6 +149,7 @@ def add_options(parser: pytest.Parser) -> None:
         default="auto",
     )
     parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
+    parser.addini("vram_sim_gpu", "the GPU model the simulated device stands for", default="")
     parser.addini(
         "vram_sim_compute", "when the simulated device computes: auto, never, always", default=""
     )
@@ -179,6 +190,8 @@ class Settings:
     sim_compute: str = "auto"
     #: Whether torch.cuda.is_available() answers True at collection on the simulated device.
     sim_cuda_available: bool = False
+    #: The GPU model the simulated device stands for; None: the default, without a capacity.
+    sim_gpu: str | None = None
 
     @property
     def measure_all(self) -> bool:
@@ -236,6 +249,12 @@ class Settings:
                 f"vram_sim_compute = {sim_compute!r}: expected one of auto, never, always"
             )
         cuda_available = option("--vram-sim-cuda-available")
+        sim_gpu = option("--vram-sim-gpu") or config.getini("vram_sim_gpu") or None
+        if sim_gpu is not None:
+            try:
+                sim_gpu = gpu_model(sim_gpu).name
+            except ValueError as exc:
+                raise pytest.UsageError(f"--vram-sim-gpu / vram_sim_gpu: {exc}") from None
         strict = option("--vram-strict")
         junit = option("--vram-junit-properties")
         return cls(
@@ -258,6 +277,7 @@ class Settings:
             seed=seed,
             breakdown=bool(option("--vram-breakdown")),
             sim_compute=sim_compute,
+            sim_gpu=sim_gpu,
             sim_cuda_available=bool(
                 config.getini("vram_sim_cuda_available")
                 if cuda_available is None

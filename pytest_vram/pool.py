@@ -40,6 +40,7 @@ class BackendPool:
                 name,
                 cpu_counter=self.settings.cpu_counter,
                 sim_capacity=self.settings.sim_capacity,
+                sim_gpu=self.settings.sim_gpu,
             )
             self.notes += backend.notes()
             self.backends[name] = backend

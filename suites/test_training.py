@@ -17,9 +17,11 @@ FLOAT32 = 4
 
 # The budget of one step, from what it must hold: fp32 weights, gradients and the two AdamW
 # moments are 16 bytes per parameter (3,344,640 parameters: 53.5 MB); the activations of a
-# 4 x 128 token batch, the logits and the loss add about 40 MB. 128 MB leaves room for the
-# allocator's rounding and a library workspace, and fails a change that doubles any of them.
-STEP_BUDGET = "128MB"
+# 4 x 128 token batch, the logits and the loss add about 40 MB. cuBLAS holds a workspace per
+# thread that multiplies, the forward's and autograd's: 2 x 32 MiB (67.1 MB) on Hopper, on a GPU
+# as on sim. 160 MB leaves room for the allocator's rounding, and fails a change that doubles
+# the activations or the optimizer's state.
+STEP_BUDGET = "160MB"
 
 
 @pytest.fixture

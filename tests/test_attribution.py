@@ -293,7 +293,9 @@ def test_a_regression_says_which_categories_grew(
     (baseline,) = (pytester.path / "baselines").glob("*.yaml")
     stored = baseline.read_text()
     assert "peak_parameters:" in stored and "peak_activations:" in stored
-    monkeypatch.setenv("BATCH", "256")
+    # A growth beyond the 5% tolerance with the 64 MiB of cuBLAS workspaces (two threads, as on
+    # a Hopper GPU) that a training step's peak holds besides the model.
+    monkeypatch.setenv("BATCH", "2048")
     # No option needed: the entry stores categories, so the test is broken down to compare.
     result = pytester.runpytest(*options, "--vram-json=out.json")
     result.assert_outcomes(failed=1)
@@ -328,7 +330,9 @@ def test_old_baseline_entries_without_categories_still_compare(
     pytester.runpytest("--vram-backend=sim", "--vram-update-baselines").assert_outcomes(passed=1)
     (baseline,) = (pytester.path / "baselines").glob("*.yaml")
     assert "peak_activations" not in baseline.read_text()
-    monkeypatch.setenv("BATCH", "256")
+    # A growth beyond the 5% tolerance with the 64 MiB of cuBLAS workspaces (two threads, as on
+    # a Hopper GPU) that a training step's peak holds besides the model.
+    monkeypatch.setenv("BATCH", "2048")
     result = pytester.runpytest("--vram-backend=sim")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["memory regression: peak allocated *"])

@@ -198,3 +198,33 @@ def test_out_of_memory_is_the_cuda_error_type() -> None:
 )
 def test_sizes_print_as_pytorch_prints_them(nbytes: int, text: str) -> None:
     assert format_cuda_size(nbytes) == text
+
+
+def test_a_segment_restored_from_a_snapshot_serves_requests_from_its_free_space() -> None:
+    allocator = CachingAllocatorModel()
+    base = 1 << 40
+    # A 20 MiB segment with blocks in use at 0-4 MiB and 8-20 MiB: 4 MiB free between them.
+    used = allocator.restore_segment(
+        base, 20 * MiB, [(base, 4 * MiB), (base + 8 * MiB, 12 * MiB)], small=False
+    )
+    assert [(block.addr, block.size) for block in used] == [
+        (base, 4 * MiB),
+        (base + 8 * MiB, 12 * MiB),
+    ]
+    assert allocator.allocated == 16 * MiB and allocator.reserved == 20 * MiB
+    block = allocator.malloc(3 * MiB + 512)  # leaves 1 MiB - 512 bytes: not split off
+    assert block.addr == base + 4 * MiB and block.size == 4 * MiB
+    assert allocator.segments == 1 and allocator.allocated == 20 * MiB
+    allocator.free(used[0])
+    allocator.free(block)
+    assert allocator.malloc(8 * MiB).addr == base  # the freed blocks merged
+    with pytest.raises(ValueError, match="is not free space of the segment"):
+        allocator.restore_segment(base + 20 * MiB, 2 * MiB, [(base, 512)], small=True)
+
+
+def test_new_segments_go_where_segment_address_says() -> None:
+    class Driver(CachingAllocatorModel):
+        def segment_address(self, size: int) -> int:
+            return 7 << 40
+
+    assert Driver().malloc(MiB).addr == 7 << 40

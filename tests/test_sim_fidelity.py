@@ -310,9 +310,11 @@ def test_normal_bounds_decide_trunc_normal_only_when_they_can() -> None:
     with _simulated(False):
         weight = torch.empty(1024, 1024, device="cuda")
         nn.init.trunc_normal_(weight, std=0.02)  # bounds at 100 standard deviations
-        narrow = torch.empty(1024, device="cuda")
+        narrow = torch.empty(1024, device="cuda").normal_()
         with pytest.raises(RuntimeError):
-            nn.init.trunc_normal_(narrow, std=1.0)  # +-2 std: how many redraws is unknown
+            bool(((narrow < -2) | (narrow > 2)).any())  # +-2 std: unknown
+        # trunc_normal_ itself then redraws as often as a real run most likely does
+        # (tests/test_sim_parity.py).
 
 
 # -- Mixtral's experts in float32 and under autocast ------------------------------------------

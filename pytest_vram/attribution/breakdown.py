@@ -145,6 +145,10 @@ class PeakBreakdown:
     def adopted(self, tag: int, size: int, handle: Any) -> None:
         self._adopted[tag] = size
 
+    def named(self, tag: int, name: str) -> None:
+        # Memory of no module (a cuBLAS workspace): ``other``, listed under its name.
+        self.buffers[tag] = name
+
     def making_fixture(self, started: bool) -> None:
         self._making += 1 if started else -1
         if not self._making:

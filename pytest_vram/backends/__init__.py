@@ -44,7 +44,9 @@ def _cpu(**options: Any) -> Backend:
 def _sim(**options: Any) -> Backend:
     from pytest_vram.backends.sim import SimBackend
 
-    return SimBackend(capacity=options.get("sim_capacity"))
+    return SimBackend(
+        capacity=options.get("sim_capacity"), gpu=options.get("sim_gpu"), workspaces=True
+    )
 
 
 #: Each backend's name and the factory that imports and makes it.
@@ -65,7 +67,8 @@ def resolve_name(name: str) -> str:
 def create_backend(name: str, **options: Any) -> Backend:
     """A new backend; raise :class:`BackendUnavailable` when it cannot run here.
 
-    ``options``: ``cpu_counter`` for cpu, ``sim_capacity`` for sim; others are ignored.
+    ``options``: ``cpu_counter`` for cpu, ``sim_capacity`` and ``sim_gpu`` for sim; others
+    are ignored.
     """
     name = resolve_name(name)
     factory = REGISTRY.get(name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from torch.utils.data._utils import pin_memory as pin_memory_module
 
 from pytest_vram.backends import cudaremap
 from pytest_vram.backends.cudaremap import is_cuda_device
+from pytest_vram.backends.simops import trunc_normal_decided
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]
@@ -373,18 +375,47 @@ def _device_context_torch_function(
     return func(*args, **kwargs)
 
 
+class _Converted(threading.local):
+    #: During one ``Module._apply``: per real parameter converted, (it, its fake one).
+    params: dict[int, tuple[nn.Parameter, nn.Parameter]] | None = None
+
+
+_converted = _Converted()
+
+
 def _module_apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
     """``Module._apply`` for fake tensors, whose swap the stock version cannot do.
 
     A parameter whose conversion returns itself stays as it is; a fake parameter converted to
     another fake keeps its identity (its data is replaced, as PyTorch does by default), so that
-    an optimizer made before ``.to()`` still holds it; a real parameter becomes a new fake one.
+    an optimizer made before ``.to()`` still holds it; a real parameter becomes a new fake one,
+    the same one wherever the module tree holds it (tied weights stay tied: one copy, as on a
+    GPU, where the parameter keeps its identity).
     """
+    if _converted.params is not None:
+        return _apply_converting(self, fn, recurse, _converted.params)
+    _converted.params = {}
+    try:
+        return _apply_converting(self, fn, recurse, _converted.params)
+    finally:
+        _converted.params = None
+
+
+def _apply_converting(
+    self: nn.Module,
+    fn: Callable,
+    recurse: bool,
+    converted: dict[int, tuple[nn.Parameter, nn.Parameter]],
+) -> nn.Module:
     if recurse:
         for module in self.children():
             module._apply(fn)
     for key, param in self._parameters.items():
         if param is None:
+            continue
+        done = converted.get(id(param))
+        if done is not None and done[0] is param:
+            self._parameters[key] = done[1]
             continue
         with torch.no_grad():
             applied = fn(param)
@@ -398,8 +429,10 @@ def _module_apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Mod
             ):
                 param.data = applied
             else:
+                original = param
                 param = nn.Parameter(applied, requires_grad=param.requires_grad)
                 self._parameters[key] = param
+                converted[id(original)] = (original, param)
         if grad is not None:
             with torch.no_grad():
                 grad_applied = fn(grad)
@@ -778,8 +811,14 @@ class VirtualCuda:
         cuda = torch.cuda
         memory = torch.cuda.memory
 
+        # The GPU model simulated decides the capability code checks (9.0 by default).
+        capability = getattr(dev, "gpu", None)
+        major, minor = (9, 0) if capability is None else (capability.major, capability.minor)
+
         def properties(device: Any = None) -> SimulatedDeviceProperties:
-            return SimulatedDeviceProperties(name=DEVICE_NAME, total_memory=dev.device_total())
+            return SimulatedDeviceProperties(
+                name=DEVICE_NAME, total_memory=dev.device_total(), major=major, minor=minor
+            )
 
         def mem_get_info(device: Any = None) -> tuple[int, int]:
             total = dev.device_total()
@@ -813,7 +852,7 @@ class VirtualCuda:
             "init": lambda: None,
             "is_bf16_supported": lambda including_emulation=True: True,
             "get_device_name": lambda device=None: DEVICE_NAME,
-            "get_device_capability": lambda device=None: (9, 0),
+            "get_device_capability": lambda device=None: (major, minor),
             "get_device_properties": properties,
             "mem_get_info": mem_get_info,
             "memory_allocated": lambda device=None: dev.allocated(),
@@ -880,6 +919,10 @@ class VirtualCuda:
         yield torch, "compile", self._compile(torch.compile)
         if not computing:
             yield nn.Module, "_apply", _module_apply
+            # trunc_normal_ redraws on values; shape-only, as often as a real run most likely
+            # does (every call form of it ends here).
+            init = torch.nn.init
+            yield init, "_no_grad_trunc_normal_", trunc_normal_decided(init._no_grad_trunc_normal_)
         yield _device.DeviceContext, "__torch_function__", _device_context_torch_function
 
         autocast = torch.amp.autocast_mode.autocast

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -221,15 +222,35 @@ def _fake_outputs(out: Any) -> list[torch.Tensor] | None:
 class KnownValues:
     """Keeps and propagates the known values of one fake mode's tensors (see the module)."""
 
+    def __init__(self) -> None:
+        self._decisions: list[bool] | None = None
+
+    @contextlib.contextmanager
+    def deciding(self, answers: list[bool]) -> Iterator[None]:
+        """In the block, a boolean read that the known values cannot answer (``bool(t)``,
+        ``if mask.any()``) takes the next of ``answers``; the last one repeats. For a loop
+        whose course is known in advance (``simops.trunc_normal_decided``)."""
+        saved, self._decisions = self._decisions, list(answers)
+        try:
+            yield
+        finally:
+            self._decisions = saved
+
     def item(self, tensor: Any) -> Any:
-        """``tensor.item()`` when its value is known, else None."""
+        """``tensor.item()`` when its value is known (or decided), else None."""
         if not isinstance(tensor, FakeTensor):
             return None
         record = _record(tensor)
         if record is None or record.value is None or record.value.numel() != 1:
-            return None
+            return self._decide(tensor)
         with no_dispatch():
             return record.value.item()
+
+    def _decide(self, tensor: torch.Tensor) -> bool | None:
+        decisions = self._decisions
+        if not decisions or tensor.dtype != torch.bool or tensor.numel() != 1:
+            return None
+        return decisions.pop(0) if len(decisions) > 1 else decisions[0]
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Note what the op ``func`` wrote, and what is known of what it returned."""

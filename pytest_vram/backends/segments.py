@@ -21,6 +21,7 @@ One stream, no ``expandable_segments``, no ``max_split_size_mb``, no CUDA graph 
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, insort
 from collections.abc import Callable
 from typing import NamedTuple
@@ -267,17 +268,62 @@ class CachingAllocatorModel:
             if self.reserved + segment > self.capacity:
                 self.num_ooms += 1
                 raise torch.OutOfMemoryError(self.oom_message(segment))
-        block = Block(self._next_addr, segment, small)
-        self._next_addr += segment
-        self.reserved += segment
+        return self._add_segment(self.segment_address(segment), segment, small)
+
+    def segment_address(self, size: int) -> int:
+        """Where the driver puts a new segment of ``size`` bytes. Addresses break ties between
+        cached blocks of one size, so a replay of a real trace gives the driver's own."""
+        address = self._next_addr
+        self._next_addr += size
+        return address
+
+    def _add_segment(self, address: int, size: int, small: bool) -> Block:
+        block = Block(address, size, small)
+        self.reserved += size
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
         self.segments += 1
         self.num_device_alloc += 1
-        self.segment_sizes[block.addr] = segment
+        self.segment_sizes[address] = size
         if self.segment_listener is not None:
-            self.segment_listener("segment_alloc", block.addr, segment)
+            self.segment_listener("segment_alloc", address, size)
         return block
+
+    def restore_segment(
+        self, address: int, size: int, allocated: list[tuple[int, int]], *, small: bool
+    ) -> list[Block]:
+        """Add a segment as a snapshot lists it: ``allocated`` gives the ``(address, size)`` of
+        each block in use, and the rest of the segment is cached. Returns the blocks in use, in
+        address order, for :meth:`free`."""
+        pool = self._small if small else self._large
+        end = address + size
+        layout: list[Block] = []
+        at = address
+        for addr, nbytes in sorted(allocated):
+            if addr < at or nbytes <= 0 or addr + nbytes > end:
+                raise ValueError(
+                    f"a block of {nbytes} bytes at {addr:#x} is not free space of the segment "
+                    f"of {size} bytes at {address:#x}"
+                )
+            if addr > at:
+                layout.append(Block(at, addr - at, small))
+            block = Block(addr, nbytes, small)
+            block.allocated = True
+            layout.append(block)
+            at = addr + nbytes
+        if at < end:
+            layout.append(Block(at, end - at, small))
+        for before, after in itertools.pairwise(layout):
+            before.next, after.prev = after, before
+        self._add_segment(address, size, small)
+        used = [block for block in layout if block.allocated]
+        for block in layout:
+            if not block.allocated:
+                pool.add(block)
+        self.allocated += sum(block.size for block in used)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._next_addr = max(self._next_addr, end)
+        return used
 
     def oom_message(self, segment: int) -> str:
         capacity = self.capacity or 0
@@ -321,7 +367,12 @@ class OwnSegments:
         block = self.device.malloc(nbytes)
         model = self.model
         if model is not None and block is not None:
-            self._twins[block] = (model.malloc(nbytes), nbytes)
+            try:
+                twin = model.malloc(nbytes)
+            except BaseException:  # the test's own capacity (vram.max_size) refused it
+                self.device.free(block)
+                raise
+            self._twins[block] = (twin, nbytes)
         return block
 
     def free(self, block: Block | None) -> None:
@@ -330,6 +381,15 @@ class OwnSegments:
             twin = self._twins.pop(block, None)  # type: ignore[arg-type]
             if twin is not None and self.model is not None:
                 self.model.free(twin[0])
+
+    def handed_out(self, block: Block | None, nbytes: int) -> int:
+        """The bytes the allocator hands out for the request of ``nbytes`` that ``block``
+        serves, as CUDA counts them allocated: the test's own block while a test is measured
+        (a remainder too small to split off included), else the device's."""
+        twin = self._twins.get(block) if block is not None else None  # type: ignore[call-overload]
+        if twin is not None and twin[0] is not None:
+            return twin[0].size
+        return block.size if block is not None else nbytes
 
     def start(self, held: list[tuple[Block | None, int]]) -> None:
         """A fresh model for a test whose fixtures hold ``held``: per storage, its device

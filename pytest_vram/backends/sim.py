@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +43,16 @@ from pytest_vram.backends.dynamoconfig import load_config_alone
 from pytest_vram.backends.fakecuda import VirtualCuda
 from pytest_vram.backends.known import KnownValues
 from pytest_vram.backends.segments import CachingAllocatorModel, OwnSegments, SegmentFigures
+from pytest_vram.backends.simops import accumulates_in_place
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
+from pytest_vram.backends.workspaces import (
+    DEFAULT_GPU,
+    WORKSPACE_NAME,
+    CublasWorkspaces,
+    configured_workspace_size,
+    gpu_model,
+    matmul_ops,
+)
 from pytest_vram.units import format_size, parse_size
 
 __all__ = [
@@ -59,6 +69,8 @@ UNLIMITED_TOTAL = 1 << 50
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
+_ADD = torch.ops.aten.add.Tensor
+_ADD_IN_PLACE = torch.ops.aten.add_.Tensor
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -231,6 +243,8 @@ class _SimFakeTensorMode(FakeTensorMode):
             value = self.known.item(args[0])
             if value is not None:
                 return value
+        elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
+            func = _ADD_IN_PLACE  # the autograd engine's gradient sum, in place as on CUDA
         self._depth += 1
         try:
             if func is _GROUPED_MM:
@@ -253,13 +267,22 @@ class SimBackend(Backend):
     One ``FakeTensorMode`` and one tracker serve the whole session, so that fixtures of module
     scope stay fake and counted across tests; the virtual CUDA device is installed only while a
     test runs. ``capacity`` (bytes or a size string) makes allocations that would not fit
-    raise ``torch.cuda.OutOfMemoryError``; None means unlimited.
+    raise ``torch.cuda.OutOfMemoryError``; None means unlimited, unless ``gpu`` names the GPU
+    model simulated: then its memory. The model (by default :data:`DEFAULT_GPU`) sets the
+    size of the cuBLAS workspaces, which ``workspaces`` asks for (the plugin's backend has
+    them; a backend made for one concern, without, counts tensors only).
     """
 
     name = "sim"
     device = torch.device("cpu")
 
-    def __init__(self, capacity: int | str | None = None) -> None:
+    def __init__(
+        self, capacity: int | str | None = None, gpu: str | None = None, workspaces: bool = False
+    ) -> None:
+        #: The GPU model simulated.
+        self.gpu = gpu_model(gpu or DEFAULT_GPU)
+        if capacity is None and gpu is not None:
+            capacity = self.gpu.total_memory
         self.capacity = None if capacity is None else parse_size(capacity)
         self.segments = CachingAllocatorModel(capacity=self.capacity)
         #: The running test's own segments, which its reserved figures are read from.
@@ -271,7 +294,14 @@ class SimBackend(Backend):
             allocator=self.own_segments,
             count_unseen_aliases=False,
             before_listen=self._count_in_python,
+            block_size=self.own_segments.handed_out,
         )
+        #: One cuBLAS workspace per thread that multiplies matrices, as on the GPU model.
+        self.workspaces = CublasWorkspaces(
+            configured_workspace_size(self.gpu.major) if workspaces else 0, self._new_workspace
+        )
+        if self.workspaces.size:
+            self.tracker.watch_ops(matmul_ops(), self.workspaces.on_matmul)
         self._fake_mode: _SimFakeTensorMode | None = None
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
@@ -510,9 +540,11 @@ class SimBackend(Backend):
         # asks the segments at each allocation, can raise; listeners hear from the tracker.
         # The op counter's segments are the test's own only when they start empty, and its
         # fixtures' storages could not be laid out on them anew: the tracker counts then.
+        # The op counter sees no op in Python, so no matrix multiply that needs a workspace.
         native = (
             computing
             and self.capacity is None
+            and not self.workspaces.size
             and not self.tracker.listeners
             and not fixtures
             and self._op_counter() is not None
@@ -658,7 +690,21 @@ class SimBackend(Backend):
         self.tracker.flush()
         self.own_segments.restart()
 
+    def _new_workspace(self, nbytes: int) -> torch.Tensor:
+        """A cuBLAS workspace: a storage of ``nbytes`` the device counts, made in an op's
+        dispatch (where making a tensor would run outside the counting mode)."""
+        if self.computing:
+            workspace = torch.empty(nbytes, dtype=torch.uint8)
+        else:
+            meta = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+            workspace = FakeTensor(self.fake_mode, meta, torch.device("cpu"))
+        self.tracker.observe(workspace)
+        self.tracker.name_storage(workspace, WORKSPACE_NAME)
+        return workspace
+
     def release_cache(self) -> None:
+        # As the per-test clean-up on cuda: the workspaces go, then the cache.
+        self.workspaces.clear()
         self.tracker.flush()
         self.segments.empty_cache()
         own = self.own_segments.model
@@ -754,6 +800,7 @@ class SimBackend(Backend):
     def environment(self) -> dict[str, Any]:
         env = super().environment()
         env["sim_capacity"] = self.capacity
+        env["sim_gpu"] = self.gpu.name
         return env
 
     def close(self) -> None:

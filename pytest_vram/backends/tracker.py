@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_vram.backends.simops import accumulates_in_place
 
 __all__ = [
     "AllocationListener",
@@ -83,10 +86,12 @@ def making_fixture(started: bool) -> None:
 class _Record:
     """Lives in a storage's ``__dict__``; queues the storage's bytes for release when it dies."""
 
-    __slots__ = ("handle", "released", "size", "tag")
+    __slots__ = ("handle", "released", "request", "size", "tag")
 
     def __init__(self, size: int, handle: Any, released: list[tuple[int, Any, Any]]) -> None:
         self.size = size
+        # What the storage asked for; ``size`` is what it was handed, which may be more.
+        self.request = size
         self.handle = handle
         self.released = released
         self.tag: int | None = None
@@ -149,8 +154,14 @@ class StorageTracker:
         count_unseen_aliases: bool = True,
         before_listen: Callable[[], None] | None = None,
         adopt_unseen: bool = False,
+        block_size: Callable[[Any, int], int] | None = None,
     ) -> None:
         self._adopt_unseen = adopt_unseen
+        # The bytes the allocator handed out for a request (its block may hold more).
+        self._block_size = block_size
+        # Ops after whose outputs a callback runs (the simulated device's cuBLAS workspaces).
+        self._watched_ops: frozenset[Any] = frozenset()
+        self._on_watched_op: Callable[[], None] | None = None
         self._counts = counts
         self._size_of = size_of
         self._on_allocate = on_allocate
@@ -265,7 +276,7 @@ class StorageTracker:
         if record is None and not register:
             return
         size = storage.nbytes() if self._size_of is None else self._size_of(storage.nbytes())
-        if record is not None and record.size == size:
+        if record is not None and record.request == size:
             return
         with self._lock:
             if self._released:
@@ -283,7 +294,7 @@ class StorageTracker:
             return
         nbytes = storage.nbytes()
         size = nbytes if self._size_of is None else self._size_of(nbytes)
-        if record.size != size:
+        if record.request != size:
             with self._lock:
                 self._apply_releases()
                 self._resize(record, size)
@@ -296,13 +307,13 @@ class StorageTracker:
             return False
 
     def allocation_of(self, tensor: torch.Tensor) -> tuple[Any, int] | None:
-        """The allocator's handle for ``tensor``'s storage and its counted bytes; None when
-        the storage is not one the tracker counts."""
+        """The allocator's handle for ``tensor``'s storage and the bytes it asked for; None
+        when the storage is not one the tracker counts."""
         try:
             record = getattr(tensor.untyped_storage(), self._key, None)
         except (NotImplementedError, RuntimeError):
             return None
-        return None if record is None else (record.handle, record.size)
+        return None if record is None else (record.handle, record.request)
 
     def observe_output(self, func: Any, out: Any) -> None:
         """Count what the op ``func`` returned (a tensor, a list or tuple of them, or neither)."""
@@ -312,6 +323,26 @@ class StorageTracker:
             self.observe(out, register)
         elif isinstance(out, (tuple, list)):
             self.observe_all(out, register)
+        if func in self._watched_ops:
+            self._on_watched_op()  # type: ignore[misc]
+
+    def watch_ops(self, ops: frozenset[Any], callback: Callable[[], None] | None) -> None:
+        """Run ``callback`` after the outputs of each of ``ops`` are counted."""
+        self._watched_ops = ops if callback is not None else frozenset()
+        self._on_watched_op = callback
+
+    def name_storage(self, tensor: torch.Tensor, name: str) -> None:
+        """Tell the listeners that have ``named`` what ``tensor``'s storage is for (memory
+        that belongs to no module, such as a library's workspace)."""
+        if not self.listeners:
+            return
+        tag = self.tag_of(tensor)
+        if tag is None:
+            return
+        for listener in self.listeners:
+            named = getattr(listener, "named", None)
+            if named is not None:
+                named(tag, name)
 
     def observe_all(self, tree: Any, register: bool = True) -> None:
         if isinstance(tree, torch.Tensor):
@@ -327,7 +358,11 @@ class StorageTracker:
         if self._on_allocate is not None:
             self._on_allocate(size)
         handle = self.allocator.malloc(size) if self.allocator is not None else None
+        request = size
+        if self._block_size is not None:
+            size = self._block_size(handle, size)
         record = _Record(size, handle, self._released)
+        record.request = request
         setattr(storage, self._key, record)
         self._add(size)
         if self.listeners:
@@ -338,11 +373,14 @@ class StorageTracker:
     def _resize(self, record: _Record, size: int) -> None:
         if size > record.size and self._on_allocate is not None:
             self._on_allocate(size - record.size)
+        record.request = size
         if self.allocator is not None:
             # A resize allocates the new size before it lets go of the old one.
             handle = self.allocator.malloc(size)
             self.allocator.free(record.handle)
             record.handle = handle
+            if self._block_size is not None:
+                size = self._block_size(handle, size)
         self._add(size - record.size)
         for listener in self.listeners:
             listener.resized(record.tag, record.size, size, record.handle)
@@ -366,6 +404,10 @@ class StorageTracker:
                 listener.freed(tag, size, handle)
 
 
+_ADD = torch.ops.aten.add.Tensor
+_ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+
+
 class _TrackingMode(TorchDispatchMode):
     # torch wraps every mode's __torch_dispatch__ so that its first call imports torch._dynamo
     # (over a second); this mode compiles nothing and opts out, as torch's docstring describes.
@@ -379,6 +421,9 @@ class _TrackingMode(TorchDispatchMode):
         self._observe_output = tracker.observe_output
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
+            # The engine's gradient sum, in place as it is when no record holds the storage.
+            func = _ADD_IN_PLACE
         # func._op skips OpOverload.__call__'s Python frame: this runs for every op.
         out = func._op(*args, **kwargs) if kwargs else func._op(*args)
         self._observe_output(func, out)
