@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import test_sim_parity as parity  # noqa: E402
+import test_sim_parity as parity
 
 
 def main(where: str) -> None:
