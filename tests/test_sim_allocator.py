@@ -221,3 +221,22 @@ def test_an_unknown_gpu_model_is_a_usage_error(pytester: pytest.Pytester) -> Non
         ["*--vram-sim-gpu / vram_sim_gpu: 'RTX 9999' is not a known GPU model: expected one of*"]
     )
     assert "Traceback" not in result.stderr.str()
+
+
+TRAINING_STEP = """
+import torch
+
+def test_step(vram):
+    model = torch.nn.Linear(256, 256, device=vram.device)
+    model(torch.ones(8, 256, device=vram.device)).sum().backward()
+"""
+
+
+def test_workspaces_that_outlive_a_test_are_not_its_leftover(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_step=TRAINING_STEP)
+    result = pytester.runpytest("--vram-backend=sim", "--vram-json=out.json")
+    result.assert_outcomes(passed=1)
+    (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
+    # The peak holds the forward's and autograd's workspaces; what the test left holds none.
+    assert test["peak_allocated"] >= 2 * 32 * 2**20
+    assert test["leftover"] == 0

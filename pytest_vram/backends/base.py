@@ -78,6 +78,10 @@ class Backend:
         count that tensor (another device's, say)."""
         return None
 
+    def release_workspaces(self) -> None:
+        """Let go of what libraries keep for themselves between calls (cuBLAS's workspaces),
+        which no test's leftover memory should count."""
+
     def release_cache(self) -> None:
         """Hand cached memory back to the device (``torch.cuda.empty_cache`` and the like)."""
 

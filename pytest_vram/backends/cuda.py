@@ -292,6 +292,16 @@ class CudaBackend(Backend):
             return None
         return max(0, self._sampler.peak() - self.device_floor)
 
+    def release_workspaces(self) -> None:
+        # The calling thread's workspaces: autograd's own thread keeps its one where PyTorch
+        # keeps a map per thread (docs/sim.md, "Known limits").
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            try:
+                clear_workspaces()
+            except Exception as exc:
+                self._lose(exc)
+
     def release_cache(self) -> None:
         self._check_context()
         try:

@@ -702,6 +702,10 @@ class SimBackend(Backend):
         self.tracker.name_storage(workspace, WORKSPACE_NAME)
         return workspace
 
+    def release_workspaces(self) -> None:
+        self.workspaces.clear()
+        self.tracker.flush()
+
     def release_cache(self) -> None:
         # As the per-test clean-up on cuda: the workspaces go, then the cache.
         self.workspaces.clear()
