@@ -29,6 +29,7 @@ WORKER_PLUGIN_NAME = "vram-worker-reports"
 CONTROLLER_PLUGIN_NAME = "vram-controller-reports"
 RANKS_NAME = "vram-ranks"
 VALUES_NAME = "vram-values"
+FINAL_REPORTS_NAME = "vram-final-reports"
 CUDA_GUARD_NAME = "vram-collection-cuda"
 SETTINGS = pytest.StashKey[Settings]()
 
@@ -61,12 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
     store = _load_store(settings) if _has_baseline_files(settings) else None
 
     def start_session() -> None:
-        from pytest_vram.session import ControllerReports, VramSession, WorkerReports
+        from pytest_vram.session import (
+            ControllerReports,
+            FinalReports,
+            VramSession,
+            WorkerReports,
+        )
 
         if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
             return
         session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
+        config.pluginmanager.register(FinalReports(), FINAL_REPORTS_NAME)
         from pytest_vram.values import ValuesOnDemand
 
         config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
@@ -129,6 +136,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for name in (
         VALUES_NAME,
+        FINAL_REPORTS_NAME,
         PLUGIN_NAME,
         WORKER_PLUGIN_NAME,
         CONTROLLER_PLUGIN_NAME,

@@ -1,5 +1,12 @@
 """Seeding the random generators before each measured test, so that a rerun draws the same
-numbers and allocates the same memory (as pytest-randomly does for its own reasons)."""
+numbers and allocates the same memory (as pytest-randomly does for its own reasons).
+
+pytest-randomly reseeds the same generators at each test's setup, call and teardown, after
+this plugin has seeded them, from a seed it draws anew for every run: a measured test's draws,
+and so its figures, would change from run to run. While a measured test runs, its reseeding is
+paused (:func:`pause_randomly`): the test's own seed holds, the same in every run, order and
+process, and the other tests are reseeded by pytest-randomly as before.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import random
 import sys
 import zlib
 from _random import Random as _CRandom
+from collections.abc import Callable
 from typing import Any
 
 from pytest_vram.importhook import PatchOnImport
@@ -16,7 +24,7 @@ _seed_python = _CRandom.seed
 # torch does not import it), and seeded there from the operating system's entropy.
 _NUMPY_RANDOM = "numpy.random"
 
-__all__ = ["DEFAULT_SEED", "Seeder", "seed_for", "seed_generators"]
+__all__ = ["DEFAULT_SEED", "Seeder", "pause_randomly", "seed_for", "seed_generators"]
 
 #: The seed every measured test starts from unless ``--vram-seed`` says otherwise.
 DEFAULT_SEED = 0
@@ -83,3 +91,17 @@ class Seeder:
         hook, self._hook = self._hook, None
         if hook is not None:
             hook.remove()
+
+
+def pause_randomly(option: Any) -> Callable[[], None] | None:
+    """Pause pytest-randomly's reseeding of each test (``option``: the config's options); what
+    resumes it, or None where it does not reseed (not installed, ``-p no:randomly``,
+    ``--randomly-dont-reset-seed``)."""
+    if getattr(option, "randomly_reset_seed", False) is not True:
+        return None
+    option.randomly_reset_seed = False
+
+    def resume() -> None:
+        option.randomly_reset_seed = True
+
+    return resume

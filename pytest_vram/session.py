@@ -35,7 +35,7 @@ from pytest_vram.report import (
     terminal_lines,
 )
 from pytest_vram.scenarios import LeakError
-from pytest_vram.seeding import Seeder
+from pytest_vram.seeding import Seeder, pause_randomly
 from pytest_vram.selection import (
     MARKER_ERROR,
     MARKS,
@@ -45,14 +45,31 @@ from pytest_vram.selection import (
 )
 from pytest_vram.snapshots import SnapshotError, SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
-from pytest_vram.values import COMPUTE, GUESS, REASON
+from pytest_vram.values import (
+    COMPUTE,
+    GUESS,
+    HELD,
+    REASON,
+    TRIED,
+    RunAgain,
+    needs_values_message,
+    run_again,
+)
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
-__all__ = ["MEASUREMENT", "VramSession", "WorkerReports"]
+__all__ = ["MEASUREMENT", "FinalReports", "VramSession", "WorkerReports"]
 
 #: Set on a measured test after its teardown: its finished record.
 RECORD = pytest.StashKey[TestRecord]()
+#: Set on a measured test while its call runs: a report made then is a subtest's.
+IN_CALL = pytest.StashKey[bool]()
+#: Set on a measured test one of whose subtests failed in this run: what they raised.
+SUBTEST_ERRORS = pytest.StashKey[list[BaseException]]()
+#: Set on a measured test whose setup or call pytest reported failed (a strict XPASS too).
+REPORTED_FAILED = pytest.StashKey[bool]()
+#: The JUnit properties the last run of a test added: a rerun's replace them.
+PROPERTIES = pytest.StashKey[list[tuple[str, object]]]()
 BROADER_FIXTURES_NAME = "vram-broader-fixtures"
 
 
@@ -87,6 +104,8 @@ class VramSession:
         #: The raw allocation each backend had when its last measured test ended.
         self._last_end: dict[str, int] = {}
         self.seeder = Seeder(settings.seed) if settings.seed is not None else None
+        #: While a measured test runs: what resumes pytest-randomly's reseeding.
+        self._resume_randomly: Any = None
         #: The measurement of the test being set up or run, None between tests.
         self._current: TestMeasurement | None = None
         #: What :func:`broader_scoped` has worked out, for the tests that share it.
@@ -98,6 +117,8 @@ class VramSession:
         #: them: items live as long as the session, and with them what their measurements
         #: hold, which every garbage collection of the run walks again.
         self._plain_views: dict[str, OwnView] = {}
+        #: On a pytest-xdist controller: the record collected for each test.
+        self._collected: dict[str, TestRecord] = {}
 
     def close(self) -> None:
         if self.seeder is not None:
@@ -151,21 +172,18 @@ class VramSession:
     # -- the test's phases ----------------------------------------------------------------
 
     # trylast: the innermost wrapper, so the measurement starts right before fixtures are set
-    # up, and a skip or failure raised here passes through the other plugins' wrappers.
+    # up. What setup raised is read from pytest's report of it (pytest_runtest_makereport).
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         marks = item.stash.get(MARKS, None)
         if marks is None:  # not measured
             self.pool.pause_all()
             return (yield)
-        measurement = self._begin(item, marks)
-        try:
-            return (yield)
-        except BaseException as exc:  # a failure, or a skip (a marker or a fixture's)
-            measurement.raised = exc
-            skipped = isinstance(exc, pytest.skip.Exception)
-            measurement.verdict = Verdict(Status.SKIPPED if skipped else Status.FAILED)
-            raise
+        for key in (MEASUREMENT, SUBTEST_ERRORS, REPORTED_FAILED):  # an earlier run's
+            if key in item.stash:
+                del item.stash[key]
+        self._begin(item, marks)
+        return (yield)
 
     def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
         pool = self.pool
@@ -226,6 +244,8 @@ class VramSession:
         measurement.begin()
         if self.attribution.wants_breakdown(entry):
             measurement.attributed = self.attribution.begin(backend)
+        if self.seeder is not None and self._resume_randomly is None:
+            self._resume_randomly = pause_randomly(self.config.option)
         item.stash[MEASUREMENT] = self._current = measurement
         return measurement
 
@@ -248,26 +268,93 @@ class VramSession:
         measurement = item.stash.get(MEASUREMENT, None)
         if measurement is None:
             return (yield)
+        item.stash[IN_CALL] = True
         try:
-            result = yield
-        except BaseException as exc:
+            return (yield)
+        finally:
+            del item.stash[IN_CALL]
             measurement.finish_call()
             if measurement.attributed:
                 self.attribution.finish_call(measurement.record)
-            measurement.raised = exc
-            self._on_error(item, measurement, exc)
-            raise
-        measurement.finish_call()
-        if measurement.attributed:
-            self.attribution.finish_call(measurement.record)
+
+    # How a test ended is read from pytest's own report of it, not from what passes through
+    # this plugin's wrappers: unittest's TestCase and subtests store their failures instead of
+    # raising them, and so may any runner. trylast: the innermost wrapper, after unittest's
+    # support has put the stored failure on the call, and before pytest's xfail handling sees
+    # the memory verdict's failure, as it would see the test's own.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_makereport(  # type: ignore[no-untyped-def]
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ):
+        report = yield
+        measurement = item.stash.get(MEASUREMENT, None)
+        if measurement is None or call.when == "teardown":
+            return report
+        if call.when == "setup":
+            if call.excinfo is not None:  # a failure, or a skip (a marker's or a fixture's)
+                exc = measurement.raised = call.excinfo.value
+                skipped = isinstance(exc, pytest.skip.Exception)
+                measurement.verdict = Verdict(Status.SKIPPED if skipped else Status.FAILED)
+            return report
+        if item.stash.get(IN_CALL, False):
+            return self._subtest_report(item, measurement, call, report)
+        return self._call_report(item, measurement, call, report)
+
+    def _call_report(
+        self,
+        item: pytest.Item,
+        measurement: TestMeasurement,
+        call: pytest.CallInfo[None],
+        report: pytest.TestReport,
+    ) -> pytest.TestReport:
+        if call.excinfo is not None:
+            exc = measurement.raised = call.excinfo.value
+            explanation = self._on_error(item, measurement, exc)
+            if explanation is not None:
+                return _failed_instead(item, call, explanation)
+            return report
+        if SUBTEST_ERRORS in item.stash:
+            measurement.verdict = self._judge(measurement, Outcome.FAILED)
+            return report
         verdict = measurement.verdict = self._judge(measurement, Outcome.PASSED)
         if verdict.warnings:
             verdict = measurement.verdict = _warn(item, verdict)
         if verdict.status.fails:
-            __tracebackhide__ = True
             self._dump_snapshot(item, self.pool.backends[measurement.record.backend])
-            pytest.fail("\n".join(verdict.failures), pytrace=False)
-        return result
+            return _failed_instead(item, call, "\n".join(verdict.failures))
+        return report
+
+    def _subtest_report(
+        self,
+        item: pytest.Item,
+        measurement: TestMeasurement,
+        call: pytest.CallInfo[None],
+        report: pytest.TestReport,
+    ) -> pytest.TestReport:
+        if not report.failed:
+            if item.stash.get(TRIED, None) is not None:
+                setattr(report, HELD, True)  # shown only if this run stands
+            return report
+        assert call.excinfo is not None
+        exc = call.excinfo.value
+        item.stash.setdefault(SUBTEST_ERRORS, []).append(exc)
+        if run_again(item, exc):
+            # The run ends here, its reports withdrawn; the next one reports this subtest.
+            raise RunAgain(_first_line_of(exc)) from exc
+        explanation = self._explain(item, exc)
+        if explanation is not None:
+            return _failed_instead(item, call, explanation)
+        return report
+
+    def _explain(self, item: pytest.Item, exc: BaseException) -> str | None:
+        """The short error that stands for ``exc`` in the test's report; None to keep it."""
+        measurement = item.stash[MEASUREMENT]
+        backend = self.pool.backends[measurement.record.backend]
+        if backend.name == "sim" and not getattr(backend, "computing", False):
+            message = needs_values_message(exc, item.config.rootpath)
+            if message is not None:
+                return message
+        return backend.explain_error(exc)
 
     def _judge(
         self,
@@ -278,9 +365,8 @@ class VramSession:
         record = measurement.record
         marks = measurement.marks
         assert marks is not None  # set when the measurement began
-        note = None
-        if marks.budgets:  # read for a budget the backend cannot check
-            note = getattr(self.pool.backends[record.backend], "nvml_note", None)
+        # Read for a budget the backend cannot check, to say why.
+        unmeasured = self.pool.backends[record.backend].unmeasured if marks.budgets else None
         entry = measurement.entry
         if self.ranks is not None:  # each rank against its own figures
             entry = entry_for_rank(entry, self.ranks.ranks.rank)
@@ -291,16 +377,18 @@ class VramSession:
             self.settings,
             outcome,
             error=error,
-            unmeasured={"device": note} if note else None,
+            unmeasured=unmeasured or None,
         )
 
     def _on_error(
         self, item: pytest.Item, measurement: TestMeasurement, exc: BaseException
-    ) -> None:
+    ) -> str | None:
+        """Judge a test whose call raised ``exc``; the short error to report instead of it,
+        if there is one."""
         backend = self.pool.backends[measurement.record.backend]
         if isinstance(exc, pytest.skip.Exception):
             measurement.verdict = Verdict(Status.SKIPPED)
-            return
+            return None
         if is_out_of_memory(exc):
             outcome = Outcome.OUT_OF_MEMORY
             summary = backend.memory_summary()
@@ -313,9 +401,9 @@ class VramSession:
         error = str(exc).strip().splitlines()[0] if str(exc).strip() else None
         measurement.verdict = self._judge(measurement, outcome, error)
         self._dump_snapshot(item, backend)
-        explanation = backend.explain_error(exc)
-        if explanation is not None:
-            raise pytest.fail.Exception(explanation, pytrace=False) from exc
+        if isinstance(exc, RunAgain):
+            return None  # withdrawn with its run
+        return self._explain(item, exc)
 
     def _dump_snapshot(self, item: pytest.Item, backend: Backend) -> None:
         try:
@@ -339,6 +427,9 @@ class VramSession:
 
     def _finish(self, item: pytest.Item, measurement: TestMeasurement) -> None:
         self._current = None
+        resume, self._resume_randomly = self._resume_randomly, None
+        if resume is not None:
+            resume()
         if measurement.ranks is not None:
             measurement.ranks.stop()
         if measurement.attributed:
@@ -351,6 +442,12 @@ class VramSession:
         if raised is not None:
             release_exception(raised)
             OLD_GARBAGE.let_go()
+        if SUBTEST_ERRORS in item.stash:
+            for error in item.stash[SUBTEST_ERRORS]:
+                release_exception(error)
+            OLD_GARBAGE.let_go()
+            # Whether any failed is what a pytest-xdist worker's record says now.
+            item.stash[SUBTEST_ERRORS] = []
         # pytest drops the test's fixture values only after the teardown report; drop them now,
         # or what the test's function-scoped fixtures held would count as left over.
         funcargs = getattr(item, "funcargs", None)
@@ -367,6 +464,9 @@ class VramSession:
         else:
             record.end_allocated += record.start_allocated
         self._last_end[record.backend] = backend.allocated()
+        if item.stash.get(REPORTED_FAILED, False) and not verdict.status.fails:
+            # Failed as pytest reports it, though nothing raised: a strict XPASS.
+            verdict = dataclasses.replace(verdict, status=Status.FAILED)
         status = verdict.status
         record.status = status._value_
         if status is Status.SKIPPED:
@@ -381,7 +481,15 @@ class VramSession:
         if self.ranks is not None:
             record = self.ranks.exchange(record, measurement.entry)
         if self.junit_properties:
-            item.user_properties.extend(junit_properties(record))
+            # A rerun's properties replace the earlier run's (pytest-rerunfailures).
+            earlier = item.stash.get(PROPERTIES, None)
+            if earlier:
+                item.user_properties[:] = [p for p in item.user_properties if p not in earlier]
+            properties = item.stash[PROPERTIES] = list(junit_properties(record))
+            item.user_properties.extend(properties)
+        earlier_record = item.stash.get(RECORD, None)
+        if earlier_record is not None and not self.is_worker:
+            self.discard(earlier_record)  # the test ran again: its last run is reported
         # For WorkerReports, on the teardown report, and for a rerun to discard it.
         item.stash[RECORD] = record
         if raised is None:
@@ -409,6 +517,10 @@ class VramSession:
         self.records[:] = [kept for kept in self.records if kept is not record]
 
     def _collect(self, record: TestRecord, environment: dict[str, Any] | None) -> None:
+        earlier = self._collected.get(record.nodeid)
+        if earlier is not None:  # the test ran again on its worker: its last run is reported
+            self.discard(earlier)
+        self._collected[record.nodeid] = record
         self.records.append(record)
         if environment:
             self.environments.setdefault(record.backend, environment)
@@ -555,7 +667,7 @@ def _shown_path(path: Path) -> str:
 
 
 # The environment fields whose change alone can change a test's figures.
-_ENVIRONMENT_FIELDS = ("torch", "cuda", "hip", "driver", "pytest_vram")
+_ENVIRONMENT_FIELDS = ("torch", "cuda", "hip", "driver", "pytest_vram", "allocator", "alloc_conf")
 
 
 def _stale_warning(stale: list[str]) -> str:
@@ -565,6 +677,23 @@ def _stale_warning(stale: list[str]) -> str:
         f"{len(stale)} baseline {entries} no test any more ({shown}); "
         f"--vram-prune-baselines removes {them}"
     )
+
+
+def _failed_instead(
+    item: pytest.Item, call: pytest.CallInfo[None], message: str
+) -> pytest.TestReport:
+    """The report of ``call`` had it failed with ``message`` (pytest.fail, no traceback)."""
+    try:
+        # Not chained to the cause: the message stands for it, and says all.
+        raise pytest.fail.Exception(message, pytrace=False) from None
+    except pytest.fail.Exception:
+        call.excinfo = pytest.ExceptionInfo.from_current()
+    return pytest.TestReport.from_item_and_call(item, call)
+
+
+def _first_line_of(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def _warn(item: pytest.Item, verdict: Verdict) -> Verdict:
@@ -614,6 +743,25 @@ class BroaderFixtures:
         if fixturedef.scope != "function":
             # Made before this plugin was registered: it may have been frozen since.
             OLD_GARBAGE.let_go(made_at=self._made.pop(fixturedef, -1))
+
+
+class FinalReports:
+    """Reads the reports of a measured test's setup and call as pytest logs them, after every
+    plugin's say (a strict XPASS fails only there)."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(  # type: ignore[no-untyped-def]
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ):
+        report = yield
+        if (
+            report.failed
+            and call.when != "teardown"
+            and MEASUREMENT in item.stash
+            and not item.stash.get(IN_CALL, False)  # not a subtest's
+        ):
+            item.stash[REPORTED_FAILED] = True
+        return report
 
 
 class ControllerReports:

@@ -18,11 +18,19 @@ without it, shape-only first, and so does the rest of its file, remembered as su
 (``vram/shape_only``). Either way the figures are the same. Fixtures of a broader scope made in
 one mode hold tensors the other cannot use (fake ones cannot give values, real ones are not the
 shape-only device's), so a test of the other mode finds them torn down and made anew.
+
+Subtests (pytest's ``subtests`` fixture, ``unittest``'s ``self.subTest``) report while the test
+runs. In a run that is tried again if it fails, the first failing subtest ends the run at once
+(:class:`RunAgain`), and the reports of the subtests that passed before it are held back: shown
+after the run if it is not run again, dropped if it is, so that each subtest has one outcome.
+Under pytest-rerunfailures each of its runs is such a run, shape-only first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import types
 from typing import Any
 
@@ -39,10 +47,14 @@ __all__ = [
     "CACHE_KEY",
     "COMPUTE",
     "GUESS",
+    "HELD",
     "POLICIES",
     "REASON",
     "SHAPE_ONLY_KEY",
+    "RunAgain",
     "ValuesOnDemand",
+    "needs_values_message",
+    "run_again",
 ]
 
 #: pytest's cache key of the test files that compute their values.
@@ -57,10 +69,82 @@ COMPUTE = pytest.StashKey[bool]()
 GUESS = pytest.StashKey[bool]()
 #: Set on a sim test that computes because its shape-only run failed: the first line of why.
 REASON = pytest.StashKey[str]()
+#: Set on a sim test while it runs in a mode that is run again if it fails: "shape-only"
+#: (for want of values) or "guess" (computing on a guess).
+TRIED = pytest.StashKey[str]()
+#: The attribute of a subtest's report that is held back until its run is known to stand.
+HELD = "vram_held"
 # The attributes a report carries to the controller under xdist: the file of a test that
 # needed values, of one that failed on a guess.
 _REPORT_ATTRIBUTE = "vram_needs_values"
 _SHAPE_ONLY_ATTRIBUTE = "vram_shape_only"
+
+
+class RunAgain(BaseException):
+    """Ends a run that will be run again, at its first failing subtest: what the subtests after
+    it would report is the next run's. A BaseException, so that the test's ``except
+    Exception`` does not stop it."""
+
+
+def run_again(item: pytest.Item, exc: BaseException) -> bool:
+    """Whether the run of ``item`` that failed with ``exc`` is run again: shape-only for want
+    of values (a memory verdict, a leak, the device's out-of-memory are the same computing),
+    or computing on a guess (for any failure)."""
+    tried = item.stash.get(TRIED, None)
+    if tried is None:
+        return False
+    return tried == "guess" or not (isinstance(exc, LeakError) or is_out_of_memory(exc))
+
+
+def needs_values_message(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
+    """The one error of a shape-only test that read a tensor's value and is not run again
+    computing; None when ``exc`` is not for want of values."""
+    from pytest_vram.backends.sim import needs_values_error
+
+    cause = needs_values_error(exc)
+    if cause is None:
+        return None
+    where = _user_line(exc, rootpath) or _user_line(cause, rootpath) or "the test"
+    func = getattr(cause, "func", None)
+    return (
+        f"{where}: reads a tensor's value ({func}), which the simulated device does not "
+        "compute shape-only, and values on demand are off (--vram-sim-compute=never); run with "
+        "--vram-sim-compute=always to compute this test's values on the CPU (or auto: only "
+        "where a test needs them)"
+    )
+
+
+def _not_users() -> tuple[str, ...]:
+    """The folders of the frames that are not the user's: torch, pytest, pluggy, the standard
+    library and this package."""
+    import _pytest
+    import pluggy
+    import torch
+
+    modules = (torch, pytest, _pytest, pluggy, contextlib, sys.modules[__name__])
+    return tuple(
+        os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+        for module in modules
+        if module.__file__
+    )
+
+
+def _user_line(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
+    """``file:line`` of the innermost frame of ``exc``'s traceback in the user's code."""
+    not_users = _not_users()
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith((*not_users, "<")):
+            found = (filename, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    filename, line = found
+    with contextlib.suppress(ValueError):  # on another drive: the whole path
+        filename = os.path.relpath(filename, rootpath)
+    return f"{filename}:{line}"
 
 
 def module_of(item: pytest.Item) -> str:
@@ -120,6 +204,8 @@ class ValuesOnDemand:
         self._made_in: dict[Any, bool] = {}
         self._mode: bool | None = None
         self._resolved: dict[str, str] = {}
+        #: The reports of the subtests that passed in the run in progress, held back.
+        self._held: list[pytest.TestReport] = []
 
     def _on_sim(self, item: pytest.Item) -> bool:
         marks = item.stash.get(MARKS, None)
@@ -148,10 +234,55 @@ class ValuesOnDemand:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
         if self.policy == "never" or not self._on_sim(item):
             return None
-        module = module_of(item)
-        computing, guess = self._mode_of(module)
+        rerunfailures = self._rerunfailures
+        if rerunfailures is not None:
+            # pytest-rerunfailures runs the protocol of a test it may rerun, and logs its
+            # reports: each of its runs is one of values on demand.
+            original = rerunfailures.runtestprotocol
+            rerunfailures.runtestprotocol = self._protocol_for_rerunfailures
+            try:
+                if rerunfailures.pytest_runtest_protocol(item=item, nextitem=nextitem):
+                    return True
+            finally:
+                rerunfailures.runtestprotocol = original
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for report in self.runtestprotocol(item, nextitem):
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    @property
+    def _rerunfailures(self) -> Any:
+        """pytest-rerunfailures' module, where it is active and runs tests as this plugin
+        knows it to; None otherwise."""
+        module = sys.modules.get("pytest_rerunfailures")
+        if (
+            module is None
+            or not self.config.pluginmanager.is_registered(module)
+            or getattr(module, "runtestprotocol", None) is not runtestprotocol
+            or not callable(getattr(module, "pytest_runtest_protocol", None))
+        ):
+            return None
+        return module
+
+    def _protocol_for_rerunfailures(
+        self, item: pytest.Item, nextitem: pytest.Item | None = None, log: bool = True
+    ) -> list[pytest.TestReport]:
+        reports = self.runtestprotocol(item, nextitem)
+        if log:
+            for report in reports:
+                item.ihook.pytest_runtest_logreport(report=report)
+        return reports
+
+    def runtestprotocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> list[pytest.TestReport]:
+        """Run ``item``'s protocol shape-only or computing, again in the other mode where
+        that may change its outcome; the reports of the run that stands, not logged. The
+        reports of the subtests held back in a run that stands are logged here."""
+        module = module_of(item)
+        computing, guess = self._mode_of(module)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
         guessed_wrong = guess and self._worth_another_mode(item, reports, guessed=True)
@@ -175,10 +306,10 @@ class ValuesOnDemand:
         if guessed_wrong:
             for report in reports:
                 setattr(report, _SHAPE_ONLY_ATTRIBUTE, module)
-        for report in reports:
-            ihook.pytest_runtest_logreport(report=report)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        return True
+        held, self._held = self._held, []
+        for report in held:
+            item.ihook.pytest_runtest_logreport(report=report)
+        return reports
 
     def _mode_of(self, module: str) -> tuple[bool, bool]:
         """Whether a test of ``module`` computes, and whether on a guess."""
@@ -210,10 +341,16 @@ class ValuesOnDemand:
             item.stash[REASON] = reason
         self._remake_fixtures(item, computing)
         self._mode = computing
+        if guess or not computing:
+            item.stash[TRIED] = "guess" if guess else "shape-only"
+        # What an earlier run held back is the run's that this one replaces.
+        self._held = []
         try:
             return runtestprotocol(item, nextitem=nextitem, log=False)
         finally:
             self._mode = None
+            if TRIED in item.stash:
+                del item.stash[TRIED]
 
     def _worth_another_mode(
         self, item: pytest.Item, reports: list[pytest.TestReport], *, guessed: bool = False
@@ -279,7 +416,22 @@ class ValuesOnDemand:
 
     # -- remembering ----------------------------------------------------------------------
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport):  # type: ignore[no-untyped-def]
+        if not report.__dict__.pop(HELD, False):
+            self._remember(report)
+            return (yield)
+        # A subtest of a run that may be run again: every plugin sees a passed setup, which
+        # none shows or counts; the report itself is logged once the run is known to stand.
+        when, outcome = report.when, report.outcome
+        report.when, report.outcome = "setup", "passed"
+        try:
+            return (yield)
+        finally:
+            report.when, report.outcome = when, outcome
+            self._held.append(report)
+
+    def _remember(self, report: pytest.TestReport) -> None:
         module = getattr(report, _REPORT_ATTRIBUTE, None)
         if isinstance(module, str):
             self.found.add(module)

@@ -1,3 +1,8 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
 import pytest
 
 # pytester's in-process runs unload the modules they imported: torch (and torch._dynamo, which
@@ -22,3 +27,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _pytester_without_randomly(request: pytest.FixtureRequest) -> None:
+    # pytest-randomly, installed with the test extras, would shuffle and reseed the tests of
+    # every pytester run, whose outcomes often depend on their order (values on demand guesses
+    # from the file before). A run that tests pytest-randomly asks for it: -p randomly.
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when made
+        request.getfixturevalue("monkeypatch").setenv("PYTEST_ADDOPTS", "-p no:randomly")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_counter_cache() -> Iterator[None]:
+    # pytester points HOME at each test's own directory, so every pytest it starts in a
+    # subprocess (and every xdist worker) would compile the cpu counter into a new cache, which
+    # takes seconds. They share this session's cache instead; tests of the cache set their own.
+    if os.environ.get("PYTEST_VRAM_CACHE_DIR"):
+        yield
+        return
+    from pytest_vram.backends import cpu_allocator
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTEST_VRAM_CACHE_DIR", str(cpu_allocator.cache_dir()))
+        yield
