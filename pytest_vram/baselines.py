@@ -35,7 +35,13 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from pytest_vram import baselinescan
 from pytest_vram.atomic import TEMPORARY_SUFFIX, make_directory, write_atomic
-from pytest_vram.figures import FigureError, check_figure, check_figure_name, check_nodeid
+from pytest_vram.figures import (
+    LARGER_IS_BETTER,
+    FigureError,
+    check_figure,
+    check_figure_name,
+    check_nodeid,
+)
 from pytest_vram.locking import held
 from pytest_vram.report.text import percent_text
 from pytest_vram.units import Tolerance, format_delta, format_size
@@ -61,6 +67,7 @@ COMPARED_FIGURES = {
     "single_step_peak": "single-step peak",
     "idle": "idle allocated",
     "leak_growth": "leak-check growth",
+    "max_size": "largest size that fits",
 }
 
 # libyaml's safe loader and dumper where PyYAML was built with it: ten times faster.
@@ -660,14 +667,28 @@ class FigureChange:
         return self.tolerance.allowance(self.baseline)
 
     @property
+    def larger_is_better(self) -> bool:
+        return self.figure in LARGER_IS_BETTER
+
+    @property
     def regressed(self) -> bool:
+        # A count such as the largest batch that fits has no tolerance: one less is a loss.
+        if self.larger_is_better:
+            return self.delta < 0
         return self.delta > self.allowance
 
     @property
     def improved(self) -> bool:
+        if self.larger_is_better:
+            return self.delta > 0
         return -self.delta > self.allowance
 
     def describe(self) -> str:
+        if self.larger_is_better:
+            return (
+                f"{COMPARED_FIGURES.get(self.figure, self.figure)}: "
+                f"{self.baseline} -> {self.current}"
+            )
         percent = "" if self.percent is None else f", {percent_text(self.percent)}"
         return (
             f"{COMPARED_FIGURES.get(self.figure, self.figure)} {format_size(self.current)} "

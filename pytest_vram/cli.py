@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from pytest_vram import __version__, estimate, junitfiles, shards
 from pytest_vram.errors import UsageError
+from pytest_vram.fit import command as fit_command
 
 #: Each subcommand's error for input it cannot use; all of them exit 2.
 INPUT_ERRORS: tuple[type[Exception], ...] = (
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     estimate.add_cli_parser(subcommands)
+    fit_command.add_cli_parser(subcommands)
     junitfiles.add_cli_parsers(subcommands)
     shards.add_cli_parser(subcommands)
     return parser

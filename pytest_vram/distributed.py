@@ -40,6 +40,8 @@ __all__ = [
     "rank_lines",
 ]
 
+#: Figures where the smallest rank's is the job's: the largest size that fits.
+SMALLEST_IS_WORST = frozenset({"max_size"})
 #: A baseline figure of one rank: ``peak_allocated_rank1``.
 RANK_SUFFIX = "_rank"
 #: How long rank 0 waits for another rank's record of a test, in seconds.
@@ -246,11 +248,13 @@ def merge_ranks(records: Mapping[int, TestRecord], world_size: int) -> TestRecor
 
 
 def rank_figures(ranks: list[dict[str, Any]]) -> dict[str, int]:
-    """A multi-rank test's baseline figures: the maximum of each, and each rank's own."""
+    """A multi-rank test's baseline figures: the worst of each over the ranks (the most
+    memory; the smallest ``max_size``, which every rank must fit), and each rank's own."""
     figures: dict[str, int] = {}
     for entry in ranks:
         for name, value in entry["figures"].items():
-            figures[name] = max(figures.get(name, value), value)
+            worst = min if name in SMALLEST_IS_WORST else max
+            figures[name] = worst(figures.get(name, value), value)
     for entry in ranks:
         for name, value in entry["figures"].items():
             figures[f"{name}{RANK_SUFFIX}{entry['rank']}"] = value

@@ -1,6 +1,7 @@
 """The figures a test stores, and the one check of a figure read back.
 
-A baseline entry maps figure names to bytes. The names are the measured figures below, the
+A baseline entry maps figure names to bytes (and ``max_size`` to a count: the largest size of
+a step that fits). The names are the measured figures below, the
 category totals at the peak (``peak_parameters`` ...) and, for a multi-rank test, each rank's own
 copy of either (``peak_allocated_rank1``). Whatever reads figures from outside the process (a
 baseline file, a ``--vram-json`` shard, a JUnit property) checks them here, so a value that one
@@ -14,6 +15,7 @@ import re
 
 __all__ = [
     "CATEGORY_FIGURES",
+    "LARGER_IS_BETTER",
     "MAX_FIGURE",
     "MAX_RANK",
     "MEASURED_FIGURES",
@@ -45,7 +47,11 @@ MEASURED_FIGURES = (
     "idle",
     "single_step_peak",
     "leak_growth",
+    # Not bytes: the largest size of a step that fits a capacity (vram.max_size).
+    "max_size",
 )
+#: Figures where a lower value is the regression.
+LARGER_IS_BETTER = frozenset({"max_size"})
 #: Category totals at the peak (see :mod:`pytest_vram.attribution.breakdown`).
 CATEGORY_FIGURES = tuple(
     f"peak_{name}"

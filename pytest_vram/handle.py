@@ -1,4 +1,5 @@
-"""The object the ``vram`` fixture gives a test: its device and the three scenarios."""
+"""The object the ``vram`` fixture gives a test: its device, the three scenarios and the
+largest size that fits."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pytest_vram import scenarios
+from pytest_vram.errors import UsageError
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.units import Tolerance
 
 if TYPE_CHECKING:
     import torch
+
+    from pytest_vram.fit import MaxSizeResult
 
 __all__ = ["Measured", "VramHandle"]
 
@@ -93,6 +97,41 @@ class VramHandle:
             self._record("leak_check", exc.result.to_dict())
             raise
         self._record("leak_check", result.to_dict())
+        return result
+
+    def max_size(
+        self,
+        step: Callable[[int], Any],
+        capacity: int | str,
+        *,
+        lo: int = 1,
+        hi: int | None = None,
+    ) -> MaxSizeResult:
+        """The largest ``n`` in ``[lo, hi]`` for which ``step(n)`` fits ``capacity``: on sim
+        by search, counting reserved memory as the allocator needs it; on cuda by real
+        out-of-memory errors. The result has ``.value``, ``.peak`` (at ``value``) and
+        ``.next_peak`` (at ``value + 1``); the value is stored in the baseline, and a lower
+        one fails the test. The search's attempts do not count in the test's own peak."""
+        from pytest_vram.fit.maxsize import check_arguments, max_size
+
+        __tracebackhide__ = True
+        nodeid = self._measurement.record.nodeid
+        if "max_size" in self._measurement.record.scenarios:
+            raise UsageError(
+                f"{nodeid}: vram.max_size was already called in this test; a baseline keeps "
+                "one largest size per test: parametrize the test for another step or capacity"
+            )
+        try:
+            check_arguments(capacity, lo, hi)
+        except ValueError as exc:
+            raise UsageError(f"{nodeid}: vram.max_size: {exc}") from None
+        # What the test did before the search keeps its peak; the attempts do not add theirs.
+        self._measurement.reset_peak()
+        try:
+            result = max_size(self._measurement.backend, step, capacity, lo=lo, hi=hi)
+        finally:
+            self._measurement.backend.reset_peak()
+        self._record("max_size", result.to_dict())
         return result
 
     def _record(self, name: str, figures: dict[str, Any]) -> None:

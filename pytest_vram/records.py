@@ -58,7 +58,8 @@ class TestRecord:
     peak_device: int | None = None
     counters: dict[str, int] = field(default_factory=dict)
     budgets: list[BudgetResult] = field(default_factory=list)
-    #: Results of the vram scenarios the test ran: empty_cache, single_step, leak_check.
+    #: Results of the vram scenarios the test ran: empty_cache, single_step, leak_check,
+    #: max_size.
     scenarios: dict[str, Any] = field(default_factory=dict)
     #: Figures from the baseline store, when the test has an entry.
     baseline: dict[str, int] | None = None
@@ -106,6 +107,9 @@ class TestRecord:
         if "leak_check" in self.scenarios:
             # Memory that fell over the steps grew by nothing: a figure is never negative.
             figures["leak_growth"] = max(0, self.scenarios["leak_check"]["growth"])
+        if "max_size" in self.scenarios:
+            # A count, not bytes: the largest size of the step that fit (vram.max_size).
+            figures["max_size"] = self.scenarios["max_size"]["value"]
         if self.breakdown:
             figures.update(category_figures(self.breakdown))
         for name in self.unstored:
@@ -135,7 +139,12 @@ class TestRecord:
 
 
 # The scenario results a baseline stores: the field of each that holds the figure.
-_SCENARIO_FIGURES = {"empty_cache": "allocated", "single_step": "peak", "leak_check": "growth"}
+_SCENARIO_FIGURES = {
+    "empty_cache": "allocated",
+    "single_step": "peak",
+    "leak_check": "growth",
+    "max_size": "value",
+}
 
 
 def read_record(data: object) -> TestRecord:

@@ -17,7 +17,7 @@ from pytest_vram.attribution.breakdown import (
     describe_growth,
     entry_categories,
 )
-from pytest_vram.baselines import compare_with_entry
+from pytest_vram.baselines import FigureChange, compare_with_entry
 from pytest_vram.records import BudgetResult, TestRecord
 from pytest_vram.status import Status
 from pytest_vram.units import describe_size, format_size
@@ -196,9 +196,23 @@ def _compare(
     improvements = [change for change in changes if change.improved]
     if regressions:
         found.append(Status.REGRESSION)
-        verdict.failures += [f"memory regression: {c.describe()}" for c in regressions]
+        verdict.failures += [f"memory regression: {_describe(c, record)}" for c in regressions]
         verdict.failures.append(hint)
     elif improvements:
         found.append(Status.IMPROVED)
-        verdict.notes += [f"improved: {c.describe()}" for c in improvements]
+        verdict.notes += [f"improved: {_describe(c, record)}" for c in improvements]
         verdict.notes.append(hint)
+
+
+def _describe(change: FigureChange, record: TestRecord) -> str:
+    """A change as a message says it; the largest size that fits with its capacity and the
+    peaks either side of it: ``largest batch that fits 80 GB: 12 -> 10 (at 10: ...)``."""
+    found = record.scenarios.get("max_size") if change.figure == "max_size" else None
+    if not isinstance(found, dict):
+        return change.describe()
+    from pytest_vram.fit.maxsize import at
+
+    return (
+        f"largest {found.get('knob', 'size')} that fits {found.get('capacity_text', '?')}: "
+        f"{change.baseline} -> {change.current} ({at(found)})"
+    )

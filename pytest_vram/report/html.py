@@ -22,7 +22,7 @@ from pytest_vram.report.text import ENVIRONMENT_FIELDS, as_int, change_text, siz
 from pytest_vram.status import FAILING_STATUSES, Status
 from pytest_vram.units import format_delta, format_size
 
-__all__ = ["MAX_BARS", "render_html"]
+__all__ = ["MAX_BARS", "PAGE_CSS", "render_html"]
 
 #: Bars in the peak chart; the document is worst first, so the cut keeps what matters.
 MAX_BARS = 60
@@ -87,6 +87,8 @@ svg text { font: 11px -apple-system, "Segoe UI", Roboto, Arial, sans-serif; fill
 svg text.label { fill: #1f2328;
   font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 """
+#: The page style, for other pages of the same look (``pytest-vram fit --html``).
+PAGE_CSS = _CSS
 
 
 def render_html(document: Mapping[str, Any]) -> str:

@@ -1,0 +1,218 @@
+"""One attempt of a step at one size, under a capacity, on each backend.
+
+Every attempt starts from the same state: what the attempt before it left is collected, the
+allocator's cache released and the peak reset, as a fresh process of the same test would find
+the device. What "fits" means depends on what the backend can tell:
+
+- sim: the test's own segments (its reserved memory, laid out as the CUDA caching allocator
+  lays it out) get the capacity for the attempt, so an allocation raises
+  ``torch.OutOfMemoryError`` exactly where a GPU of that size would, after the allocator's
+  retry that frees its cache. It fits when no allocation raised.
+- cuda: ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the
+  capacity (or the whole device, when it is smaller), and the step runs for real.
+- any other backend (cpu): it fits when the peak allocated stays within the capacity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_vram.measurement import collect_garbage
+
+__all__ = ["Attempt", "CudaTrials", "PeakTrials", "SimTrials", "trials_for"]
+
+
+@dataclass
+class Attempt:
+    """What running the step at ``size`` gave."""
+
+    size: int
+    fits: bool
+    #: The peak over the attempt (reserved where the backend models segments, else allocated);
+    #: after an out-of-memory error, the most it held before the error.
+    peak: int
+    #: Whether an out-of-memory error stopped the step: its peak is not the whole step's then.
+    cut_short: bool = False
+    #: After an out-of-memory error, what the device would have needed at least: what it held
+    #: then and what the failed allocation asked for (cuda); None otherwise.
+    asked: int | None = None
+    #: What the attempt allocated, by category, at its peak (sim, when broken down).
+    categories: dict[str, int] | None = None
+
+
+class PeakTrials:
+    """Any backend: the step runs whole; it fits when its peak is within the capacity."""
+
+    #: The figure compared with the capacity.
+    metric = "allocated"
+    #: Whether a step can run past the capacity, to measure the next size whole.
+    measures_beyond = True
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.floor = backend.allocated()
+
+    def attempt(
+        self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
+    ) -> Attempt:
+        import torch
+
+        self.settle()
+        asked = None
+        try:
+            step(size)
+        except torch.OutOfMemoryError as exc:
+            _reraise_host(exc)
+            fits, asked = False, _asked(exc, self.held())
+        else:
+            fits = True
+        cut_short = not fits
+        peak = self.peak()
+        if capacity is not None and peak > capacity:
+            fits = False
+        self.settle()
+        return Attempt(size, fits, peak, cut_short, asked)
+
+    def settle(self) -> None:
+        """Back to what was allocated before the search, with an empty cache and a new peak."""
+        collect_garbage(self.backend, self.floor)
+        self.backend.release_cache()
+        self.backend.reset_peak()
+
+    def peak(self) -> int:
+        return int(self.backend.peak_allocated())
+
+    def held(self) -> int:
+        return int(self.backend.allocated())
+
+
+class SimTrials(PeakTrials):
+    """The simulated device: the test's own segments raise at the capacity."""
+
+    metric = "reserved"
+
+    def attempt(
+        self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
+    ) -> Attempt:
+        import torch
+
+        self.settle()
+        segments = self._segments()
+        saved = segments.capacity
+        if capacity is not None:
+            segments.capacity = capacity if saved is None else min(saved, capacity)
+        recorder = self._breakdown() if breakdown else None
+        fits = True
+        try:
+            step(size)
+        except torch.OutOfMemoryError as exc:
+            _reraise_host(exc)
+            fits = False
+        finally:
+            segments.capacity = saved
+            categories = self._categories(recorder)
+        cut_short = not fits
+        peak = self.peak()
+        # Computing on the op counter, the test's segments do not see every allocation.
+        if capacity is not None and peak > capacity:
+            fits = False
+        self.settle()
+        return Attempt(size, fits, peak, cut_short, categories=categories)
+
+    def _segments(self) -> Any:
+        own = self.backend.own_segments.model
+        return own if own is not None else self.backend.segments
+
+    def peak(self) -> int:
+        return int(self.backend.own_peak_reserved() or 0)
+
+    def held(self) -> int:
+        return int(self.backend.own_reserved() or 0)
+
+    def _breakdown(self) -> Any:
+        from pytest_vram.attribution.breakdown import PeakBreakdown
+
+        recorder = PeakBreakdown(self.backend.tracker)
+        recorder.start()
+        return recorder
+
+    def _categories(self, recorder: Any) -> dict[str, int] | None:
+        if recorder is None:
+            return None
+        try:
+            return dict(recorder.result()["categories"])
+        finally:
+            recorder.stop()
+
+
+class CudaTrials(PeakTrials):
+    """A real GPU: the caching allocator is capped at the capacity, and raises there."""
+
+    metric = "reserved"
+    # Past the capacity may be past the device: the failed allocation says what it asked for.
+    measures_beyond = False
+
+    def attempt(
+        self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
+    ) -> Attempt:
+        import torch
+
+        index = self.backend.index
+        self.settle()
+        if capacity is not None:
+            total = torch.cuda.get_device_properties(index).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, capacity / total), index)
+        asked = None
+        try:
+            step(size)
+        except torch.OutOfMemoryError as exc:
+            fits, asked = False, _asked(exc, self.held())
+        else:
+            fits = True
+        finally:
+            if capacity is not None:
+                torch.cuda.set_per_process_memory_fraction(1.0, index)
+        peak = self.peak()
+        self.settle()
+        return Attempt(size, fits, peak, not fits, asked)
+
+    def peak(self) -> int:
+        return int(self.backend.peak_reserved() or self.backend.peak_allocated())
+
+    def held(self) -> int:
+        return int(self.backend.reserved() or self.backend.allocated())
+
+
+def trials_for(backend: Any) -> PeakTrials:
+    """The attempts ``backend`` (or the test's view of it) can make."""
+    from pytest_vram.attribution.sources import unwrap
+
+    inner = unwrap(backend)
+    if inner.name == "sim":
+        return SimTrials(inner)
+    if inner.name == "cuda":
+        return CudaTrials(inner)
+    return PeakTrials(inner)
+
+
+def _reraise_host(exc: BaseException) -> None:
+    """The simulated device ran out of host memory computing values: no answer for the GPU."""
+    from pytest_vram.backends.sim import HostMemoryExceeded
+
+    if isinstance(exc, HostMemoryExceeded):
+        raise exc
+
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (bytes|KiB|MiB|GiB|TiB)")
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _asked(exc: BaseException, held: int) -> int | None:
+    """What held memory and the failed allocation add up to, read from PyTorch's message."""
+    match = _TRIED.search(str(exc))
+    if match is None:
+        return None
+    return held + round(float(match.group(1)) * _UNITS[match.group(2)])

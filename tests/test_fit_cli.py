@@ -1,0 +1,119 @@
+"""pytest-vram fit: the table of GPU sizes against layouts, from --build or --config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_vram.cli import main
+
+CONFIGS = Path(__file__).parent / "configs"
+
+BUILD = """
+import torch
+
+
+def build(layout):
+    width = 512
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+    ).to("cuda")
+
+    def step(batch):
+        optimizer = torch.optim.AdamW(model.parameters())
+        with torch.autocast("cuda", dtype=layout.compute_dtype, enabled=layout.dtype != "fp32"):
+            loss = model(torch.randn(batch, layout.seq, width, device="cuda")).float().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+"""
+
+
+@pytest.fixture
+def builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "fit_model_under_test.py").write_text(BUILD)
+    monkeypatch.chdir(tmp_path)
+    yield "fit_model_under_test:build"
+    sys.modules.pop("fit_model_under_test", None)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["fit", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_build_gives_the_largest_batch_per_capacity_and_layout(
+    builder: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, _ = run(
+        capsys, "--build", builder, "--capacity", "64MiB", "200MB", "--seq", "64",
+        "--dtype", "fp32", "bf16", "--json", "--html", str(tmp_path / "fit.html"),
+    )  # fmt: skip
+    assert status == 0
+    table = json.loads(out)
+    assert [c["capacity"] for c in table["capacities"]] == ["64MiB", "200MB"]
+    fp32, bf16 = table["layouts"]
+    assert (fp32["label"], bf16["label"]) == ("fp32, 1 GPU", "bf16, 1 GPU")
+    for layout in (fp32, bf16):
+        small, large = layout["fits"]
+        assert 1 <= small["max_batch"] < large["max_batch"]
+        assert small["peak"] <= 64 << 20 < small["next_peak"]
+        assert large["peak"] <= 200_000_000 < large["next_peak"]
+        assert small["estimated_max_batch"] is None  # no config to estimate from
+    # bf16 activations are half the size: more sequences fit.
+    assert bf16["fits"][1]["max_batch"] > fp32["fits"][1]["max_batch"]
+    # Neither recomputes nor shards: the one that fits more sequences is the cheaper.
+    assert table["capacities"][1]["cheapest"] == "bf16, 1 GPU"
+    html = (tmp_path / "fit.html").read_text()
+    assert "<svg" in html and "bf16, 1 GPU" in html and "200MB" in html
+
+
+def test_the_terminal_table_names_each_capacity_and_the_cheapest_layout(
+    builder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(capsys, "--build", builder, "--capacity", "1MiB", "64MiB", "--seq", "64")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split("  ")[0] == "GPU"
+    assert lines[1].startswith("1MiB") and lines[1].endswith("none")
+    assert lines[2].startswith("64MiB") and "bf16, 1 GPU: batch" in lines[2]
+    assert "bf16, 1 GPU:" in err  # progress goes to stderr
+
+
+@pytest.mark.slow
+def test_config_puts_the_estimators_answer_beside_the_simulated_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("transformers")
+    status, out, _ = run(
+        capsys, "--config", str(CONFIGS / "qwen2.5-0.5b.json"), "--capacity", "24GB",
+        "--seq", "512", "--json",
+    )  # fmt: skip
+    assert status == 0
+    (fit,) = json.loads(out)["layouts"][0]["fits"]
+    assert fit["max_batch"] >= 1 and fit["estimated_max_batch"] >= 1
+    assert fit["peak"] <= 24_000_000_000 < fit["next_peak"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--build", "nosuchmodule_h13:build"], "cannot import 'nosuchmodule_h13'"),
+        (["--build", "json"], "expected MODULE:FUNCTION"),
+        (["--build", "json:nothing"], "has no function 'nothing'"),
+        (["--build", "json:loads", "--capacity", "80GBs"], "invalid size '80GBs'"),
+        (["--build", "json:loads", "--zero", "3"], "give --gpus 2 or more"),
+    ],
+)
+def test_input_it_cannot_use_is_an_error_naming_it(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    status, _, err = run(capsys, *args)
+    assert status == 2
+    assert message in err and "Traceback" not in err
