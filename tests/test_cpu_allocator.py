@@ -170,6 +170,8 @@ def test_the_library_is_built_once_into_the_cache(
     assert cpu_allocator.library_path() == path
 
 
+# Builds the library twice; the test above builds it by default.
+@pytest.mark.slow
 @needs_compiler
 def test_a_cached_library_that_no_longer_loads_is_built_anew(fresh_cache: Path) -> None:
     path = cpu_allocator.library_path()

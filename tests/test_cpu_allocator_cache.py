@@ -51,12 +51,10 @@ def _name() -> str:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One library built for this torch, with its stamp, for tests to copy instead of building."""
-    cache = tmp_path_factory.mktemp("built")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTEST_VRAM_CACHE_DIR", str(cache))
-        path = cpu_allocator.library_path()
+def built() -> Path:
+    """One library built for this torch, with its stamp, for tests to copy instead of building:
+    the one in the session's cache (see conftest.py), built there once if it is not yet."""
+    path = cpu_allocator.library_path()
     assert cpu_allocator.check_library(path, _key()) is None
     return path
 
@@ -260,6 +258,20 @@ def test_the_build_stamp_records_the_library_and_what_it_was_built_for(cache: Pa
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_library_fails_its_stamp_check_with_the_reason(
+    cache: Path, foreign_library: Path, damage: str
+) -> None:
+    path = cache / _name()
+    spoil, reason = DAMAGES[damage]
+    spoil(path, foreign_library)
+    assert reason in (cpu_allocator.check_library(path, _key()) or "")
+
+
+# Each rebuild compiles the library (seconds). By default the check above tells each damage
+# apart, test_the_library_loaded_is_the_file_that_was_checked loads only what was checked, and
+# test_cpu_allocator.py builds the library into an empty cache.
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_library_that_fails_its_stamp_is_rebuilt_not_loaded(
     cache: Path, foreign_library: Path, checked_dlopen: list[str], damage: str
 ) -> None:
@@ -275,6 +287,7 @@ def test_a_library_that_fails_its_stamp_is_rebuilt_not_loaded(
     assert cpu_allocator._cache_note is None  # the cache itself was fine
 
 
+@pytest.mark.slow  # builds the library
 def test_a_rebuild_replaces_the_file_and_never_writes_into_the_old_one(cache: Path) -> None:
     # A process that has the old library mapped would die of SIGBUS if its pages changed.
     path = cache / _name()
@@ -305,6 +318,9 @@ def test_a_missing_symbol_is_a_counter_unavailable_not_an_attribute_error(
     assert "is not pytest-vram's counter" in backend.notes()[0]
 
 
+# Builds the library; the fallback to the temporary cache runs by default, on a seeded one, in
+# test_a_library_another_user_could_have_planted_is_never_loaded.
+@pytest.mark.slow
 def test_a_cache_dir_that_is_a_file_builds_into_the_temporary_cache(
     cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -321,6 +337,7 @@ def test_a_cache_dir_that_is_a_file_builds_into_the_temporary_cache(
     assert blocked.read_text() == "not a directory"
 
 
+@pytest.mark.slow  # builds the library
 def test_a_cache_dir_under_a_file_builds_into_the_temporary_cache(
     cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def run_python(code: str) -> str:
     completed = subprocess.run(
@@ -77,6 +79,8 @@ def test_dynamo_imported_later_is_whole_and_shares_the_config() -> None:
     ]
 
 
+# Another interpreter that imports torch._dynamo (seconds); the one above runs by default.
+@pytest.mark.slow
 def test_nothing_is_done_once_dynamo_is_imported() -> None:
     out = run_python(
         """

@@ -480,6 +480,8 @@ def test_simulated_ranks_run_on_the_sim_and_report_that_ranks_figures(
     assert float(two[2]) > 2 * float(eight[2])
 
 
+# The reason itself is test_other_backends_skip_unless_torchrun_has_n_ranks's.
+@pytest.mark.slow
 def test_other_backends_skip_them_with_the_way_to_run_them(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_ranks=RANK_TESTS)
     result = pytester.runpytest_subprocess("--vram-backend=cpu", "-rs", "-p", "no:cacheprovider")
@@ -494,6 +496,8 @@ def test_other_backends_skip_them_with_the_way_to_run_them(pytester: pytest.Pyte
     )
 
 
+# The message itself is test_bad_marker_arguments_are_errors's.
+@pytest.mark.slow
 def test_a_bad_marker_is_a_usage_error_naming_the_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

@@ -506,7 +506,8 @@ def test_after(vram):
 """
 
 
-@pytest.mark.parametrize("backend", ["cpu", "sim"])
+# A pytest subprocess each (seconds): the cpu one runs by default.
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.slow)])
 def test_a_failed_step_leaves_nothing_to_later_tests(
     pytester: pytest.Pytester, backend: str
 ) -> None:

@@ -141,6 +141,9 @@ def test_merged_shards_store_what_one_unsharded_run_stores(
     assert capsys.readouterr().out.startswith("baselines: 7 added, 1 updated, 0 removed in merged")
 
 
+# Three xdist runs, two workers each: test_prune_names_a_shard_that_cannot_tell_what_is_stale
+# runs xdist by default, and test_merged_shards_store_what_one_unsharded_run_stores the merge.
+@pytest.mark.slow
 def test_xdist_shards_merge_like_one_run(
     suite: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
