@@ -312,7 +312,7 @@ class VramSession:
             explanation = self._on_error(item, measurement, exc)
             if explanation is not None:
                 return _failed_instead(item, call, explanation)
-            return report
+            return _with_late_sections(item, report)
         if SUBTEST_ERRORS in item.stash:
             measurement.verdict = self._judge(measurement, Outcome.FAILED)
             return report
@@ -689,6 +689,16 @@ def _failed_instead(
     except pytest.fail.Exception:
         call.excinfo = pytest.ExceptionInfo.from_current()
     return pytest.TestReport.from_item_and_call(item, call)
+
+
+def _with_late_sections(item: pytest.Item, report: pytest.TestReport) -> pytest.TestReport:
+    """The sections added to the test after pytest made its report (the allocator's state at
+    an OOM, the snapshot's path) put on the report too."""
+    for when, key, content in getattr(item, "_report_sections", ()):
+        section = (f"Captured {key} {when}", content)
+        if when == report.when and section not in report.sections:
+            report.sections.append(section)
+    return report
 
 
 def _first_line_of(exc: BaseException) -> str:

@@ -134,13 +134,15 @@ def test_fsdp2_keeps_one_nth_of_the_parameters_per_rank(world_size: int) -> None
         before = sim.allocated()
         sim.reset_peak()
         model(batch).sum().backward()
-        # Gradients are sharded like the parameters; the unsharded ones are gone again.
-        assert sim.allocated() - before == full // world_size
+        # Gradients are sharded like the parameters; the unsharded ones are gone again. A block
+        # is counted whole, as CUDA counts it: up to 1 MiB the allocator does not split off.
+        assert 0 <= sim.allocated() - before - full // world_size <= 2**20
         # The forward and backward gather one layer at a time, in full.
         assert sim.peak_allocated() >= before + HIDDEN * HIDDEN * 4
         optimizer.step()
         # Parameters, gradients and AdamW's two moments, each 1/n, and the step counters.
-        assert sim.allocated() - batch.nbytes == pytest.approx(4 * full // world_size, abs=8192)
+        held = sim.allocated() - batch.nbytes
+        assert held == pytest.approx(4 * full // world_size, abs=8192 + 2 * 2**20)
 
 
 def test_fsdp2_frees_the_gathered_parameters_after_each_layer() -> None:
@@ -440,14 +442,16 @@ def test_fsdp2(vram, n):
     step(n)
 
 
-@max_vram("24MiB")
+# One rank's shards and what it gathers, and cuBLAS's two 32 MiB workspaces (forward and
+# autograd's threads), which the simulated H100 holds as a GPU would.
+@max_vram("88MiB")
 @vram_world_size(8)
 def test_fsdp2_fits(mesh):
     assert mesh.size() == 8
     step(8)
 
 
-@max_vram("24MiB")
+@max_vram("88MiB")
 @vram_world_size(2)
 def test_fsdp2_over_budget():
     step(2)
@@ -468,7 +472,7 @@ def test_simulated_ranks_run_on_the_sim_and_report_that_ranks_figures(
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "peak allocated memory * MiB exceeds max_vram(24.00 MiB) by * MiB",
+            "peak allocated memory * MiB exceeds max_vram(88.00 MiB) by * MiB",
             "*vram report*",
         ]
     )
@@ -477,7 +481,9 @@ def test_simulated_ranks_run_on_the_sim_and_report_that_ranks_figures(
     assert two[1] == eight[1] == "sim"
     # The figures are one rank's: its shards of the parameters, gradients and moments.
     assert two[3] == eight[3] == "MiB"
-    assert float(two[2]) > 2 * float(eight[2])
+    # Besides cuBLAS's two 32 MiB workspaces, which every rank holds.
+    workspaces = 64.0
+    assert float(two[2]) - workspaces > 2 * (float(eight[2]) - workspaces)
 
 
 # The reason itself is test_other_backends_skip_unless_torchrun_has_n_ranks's.

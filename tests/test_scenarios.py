@@ -514,8 +514,10 @@ def test_a_failed_step_leaves_nothing_to_later_tests(
     pytester.makepyfile(FAILING_STEPS)
     # In a subprocess: in-process, pytester's hook recorder keeps every hook's arguments, the
     # failed call's traceback entries among them, as no plain pytest run does.
+    # pytest-rerunfailures (a test extra here) keeps each failed call's ExceptionInfo on the
+    # item, and with it what the traceback's frames held (docs/faults.md).
     result = pytester.runpytest_subprocess(
-        f"--vram-backend={backend}", "--vram-report", "-p", "no:randomly"
+        f"--vram-backend={backend}", "--vram-report", "-p", "no:randomly", "-p", "no:rerunfailures"
     )
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
