@@ -329,6 +329,16 @@ SMALL_GPT = GPTConfig(
 )
 
 
+# A large block whose remainder is 1 MiB or less is handed out whole, and CUDA counts it all as
+# allocated; the estimator counts the tensors' bytes.
+UNSPLIT_REMAINDER = 2**20
+
+
+def near_estimate(measured: int, estimated: int) -> bool:
+    """Whether a measured figure is the estimator's, within 1% and one unsplit block."""
+    return abs(measured - estimated) <= 0.01 * estimated + UNSPLIT_REMAINDER
+
+
 def model_states(world_size: int, mp_policy: object = None) -> dict[str, int]:
     """A simulated rank's parameters, gradients and optimizer states of the small GPT under
     FSDP2 (one unit per block and the root), measured after sharding, after the backward and
@@ -359,7 +369,7 @@ def test_model_states_per_rank_equal_the_estimators_zero3_breakdown(world_size: 
     # fp32 training: FSDP2 shards fp32 parameters, gradients and both moments, as ZeRO-3.
     expected = estimate(config=SMALL_QWEN, mode="train", dtype="fp32", gpus=world_size, zero=3)
     for term in ("weights", "gradients", "optimizer"):
-        assert measured[term] == pytest.approx(expected.breakdown[term], rel=0.01), term
+        assert near_estimate(measured[term], expected.breakdown[term]), term
 
 
 @pytest.mark.slow
@@ -372,7 +382,7 @@ def test_mixed_precision_model_states_total_the_estimators_bf16_figure() -> None
     # counts bf16 weights and gradients with the fp32 master in the optimizer: 16 bytes a
     # parameter either way.
     total = expected["weights"] + expected["gradients"] + expected["optimizer"]
-    assert sum(measured.values()) == pytest.approx(total, rel=0.01)
+    assert near_estimate(sum(measured.values()), total)
 
 
 # -- the marker -------------------------------------------------------------------------------
