@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "suites"))
 
 from gpt import GPT, GPTConfig, parameter_count  # noqa: E402
 
-from pytest_vram.backends.sim import SimBackend  # noqa: E402
-from pytest_vram.fakeranks import SimulatedRanks  # noqa: E402
+from pytest_vram.backends.sim.backend import SimBackend  # noqa: E402
+from pytest_vram.backends.sim.ranks import SimulatedRanks  # noqa: E402
 from pytest_vram.fit import max_size  # noqa: E402
 
 RANKS = 8

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "suites"))
 
 from gpt import GPT, GPTConfig, default_dtype, training_step  # noqa: E402
 
-from pytest_vram.backends.sim import SimBackend  # noqa: E402
+from pytest_vram.backends.sim.backend import SimBackend  # noqa: E402
 
 CONFIG = GPTConfig.qwen2_5_32b()
 SEQ = 512

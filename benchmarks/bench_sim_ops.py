@@ -20,8 +20,8 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from pytest_vram.backends import cudaremap, fakecuda
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim import cudaremap, fakecuda
+from pytest_vram.backends.sim.backend import SimBackend
 
 OPS_PER_ITERATION = 6
 

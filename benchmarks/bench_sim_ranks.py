@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "suites"))
 
 from gpt import GPT, GPTConfig, parameter_count  # noqa: E402
 
-from pytest_vram.backends.sim import SimBackend  # noqa: E402
-from pytest_vram.fakeranks import SimulatedRanks  # noqa: E402
+from pytest_vram.backends.sim.backend import SimBackend  # noqa: E402
+from pytest_vram.backends.sim.ranks import SimulatedRanks  # noqa: E402
 
 SEQ = 512
 STEPS = 2
@@ -154,8 +154,10 @@ def main() -> None:
     }
     for name, times in (("single device", single), (f"{RANKS} ranks", ranked)):
         key = "single" if times is single else "ranks"
-        print(f"{name + ':':15}median {statistics.median(times):.2f} s (best {min(times):.2f}), "
-              f"setup {results[key + '_setup_median']:.2f} s, peak {peaks[key] / GiB:.1f} GiB")
+        print(
+            f"{name + ':':15}median {statistics.median(times):.2f} s (best {min(times):.2f}), "
+            f"setup {results[key + '_setup_median']:.2f} s, peak {peaks[key] / GiB:.1f} GiB"
+        )
     print(f"{RANKS} ranks / single: {ratio:.3f} (median of the rounds' ratios)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

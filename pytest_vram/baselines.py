@@ -334,9 +334,7 @@ def stored_environment(environment: dict[str, Any]) -> dict[str, Any]:
     """An environment as a baseline file stores and reads it back: no empty fields, every
     value an int or text. Compared in this form, a rewrite of the same run changes nothing."""
     return {
-        str(k): v if isinstance(v, int) else str(v)
-        for k, v in environment.items()
-        if v is not None
+        str(k): v if isinstance(v, int) else str(v) for k, v in environment.items() if v is not None
     }
 
 

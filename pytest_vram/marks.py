@@ -192,9 +192,7 @@ def read_marks(marks: list[pytest.Mark]) -> VramMarks:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise MarkerError(f"vram_world_size: n must be an int >= 1, got {n!r}")
             world_size = n if closest else world_size
-    return VramMarks(
-        tuple(budgets), tolerance, backend, required, required_as_written, world_size
-    )
+    return VramMarks(tuple(budgets), tolerance, backend, required, required_as_written, world_size)
 
 
 def _size(marker: str, value: object) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.backends import BACKENDS, CPU_COUNTERS
-from pytest_vram.backends.workspaces import gpu_model
+from pytest_vram.backends.sim.workspaces import gpu_model
 from pytest_vram.seeding import DEFAULT_SEED
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
 
@@ -202,8 +202,12 @@ class Settings:
     @property
     def wants_session(self) -> bool:
         """Whether the run reports or writes something even when no test is measured."""
-        return self.measure_all or self.prune_baselines or any(
-            path is not None for path in (self.json_path, self.markdown_path, self.html_path)
+        return (
+            self.measure_all
+            or self.prune_baselines
+            or any(
+                path is not None for path in (self.json_path, self.markdown_path, self.html_path)
+            )
         )
 
     @classmethod
@@ -295,8 +299,7 @@ def _seed(text: str) -> int | None:
         seed = -1
     if seed < 0 or not text.strip().isascii():
         raise pytest.UsageError(
-            f"--vram-seed / vram_seed: {text!r} is not a seed: expected a whole number >= 0, "
-            "or off"
+            f"--vram-seed / vram_seed: {text!r} is not a seed: expected a whole number >= 0, or off"
         )
     return seed
 

@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
         config.pluginmanager.register(FinalReports(), FINAL_REPORTS_NAME)
-        from pytest_vram.values import ValuesOnDemand
+        from pytest_vram.backends.sim.values import ValuesOnDemand
 
         config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
         if session.is_worker:
@@ -94,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(RankPlugin(ranks), RANKS_NAME)
 
     if settings.sim_cuda_available and settings.backend in ("auto", "sim"):
-        from pytest_vram.cudaguard import CollectionCuda
+        from pytest_vram.backends.sim.cudaguard import CollectionCuda
 
         config.pluginmanager.register(CollectionCuda(), CUDA_GUARD_NAME)
     selection = Selection(config, settings, on_measured=start_session)

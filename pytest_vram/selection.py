@@ -123,7 +123,5 @@ class Selection:
             return None
         invocation = self.config.invocation_params.dir
         return {
-            (invocation / arg.split("::")[0]).resolve()
-            for arg in self.config.args
-            if "::" in arg
+            (invocation / arg.split("::")[0]).resolve() for arg in self.config.args if "::" in arg
         }

@@ -18,6 +18,16 @@ import pytest
 
 from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends import Backend, BackendUnavailable
+from pytest_vram.backends.sim.values import (
+    COMPUTE,
+    GUESS,
+    HELD,
+    REASON,
+    TRIED,
+    RunAgain,
+    needs_values_message,
+    run_again,
+)
 from pytest_vram.baselines import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.errors import VramWarning
@@ -45,16 +55,6 @@ from pytest_vram.selection import (
 )
 from pytest_vram.snapshots import SnapshotError, SnapshotRecorder
 from pytest_vram.units import describe_size, format_size
-from pytest_vram.values import (
-    COMPUTE,
-    GUESS,
-    HELD,
-    REASON,
-    TRIED,
-    RunAgain,
-    needs_values_message,
-    run_again,
-)
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.writer import BaselineWriter, fail_on_errors, write_outputs
 
@@ -215,7 +215,7 @@ class VramSession:
                 )
         ranks = None
         if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun
-            from pytest_vram.fakeranks import ranks_for
+            from pytest_vram.backends.sim.ranks import ranks_for
 
             ranks = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)

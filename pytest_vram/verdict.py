@@ -95,9 +95,7 @@ def judge(
         found.append(Status.FAILED)
     if error and outcome in (Outcome.OUT_OF_MEMORY, Outcome.LEAKED):
         failures.append(error)
-    budgets = _check_budgets(
-        record, marks, settings, found, failures, unchecked, unmeasured or {}
-    )
+    budgets = _check_budgets(record, marks, settings, found, failures, unchecked, unmeasured or {})
     notes += unchecked
     verdict = Verdict(Status.OK, failures, notes, budgets, warnings=unchecked)
     if outcome is Outcome.PASSED and not settings.update_baselines:

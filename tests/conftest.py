@@ -47,7 +47,7 @@ def _one_counter_cache() -> Iterator[None]:
     if os.environ.get("PYTEST_VRAM_CACHE_DIR"):
         yield
         return
-    from pytest_vram.backends import cpu_allocator
+    from pytest_vram.backends.cpu import allocator as cpu_allocator
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTEST_VRAM_CACHE_DIR", str(cpu_allocator.cache_dir()))

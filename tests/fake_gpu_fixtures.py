@@ -12,7 +12,7 @@ import pytest
 import torch
 from fake_gpu import FakeAllocator, FakeAmdSmi, FakeNvml, allocator_backend
 
-from pytest_vram.backends.cuda import CudaBackend
+from pytest_vram.backends.cuda.backend import CudaBackend
 
 
 @pytest.fixture

@@ -620,8 +620,10 @@ def test_dump_announces_and_ends_with_the_closing_line(tmp_path: Path) -> None:
     text = sample(tmp_path / "h100.yaml").dump()
     assert baselines_module.END_LINE in text.splitlines()[2]
     assert text.endswith(f"\n{baselines_module.END_LINE}\n")
-    assert BaselineFile(tmp_path / "cpu.yaml", "cpu").dump().endswith(
-        f"tests: {{}}\n{baselines_module.END_LINE}\n"
+    assert (
+        BaselineFile(tmp_path / "cpu.yaml", "cpu")
+        .dump()
+        .endswith(f"tests: {{}}\n{baselines_module.END_LINE}\n")
     )
 
 

@@ -19,7 +19,7 @@ import pytest
 from fake_gpu import FakeAllocator
 
 from pytest_vram.backends.base import Backend
-from pytest_vram.backends.cuda import CudaBackend
+from pytest_vram.backends.cuda.backend import CudaBackend
 from pytest_vram.benchmarking import BenchmarkRounds
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.records import TestRecord

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_vram.backends import BackendUnavailable, cpu_allocator
-from pytest_vram.backends.cpu import CpuBackend
-from pytest_vram.backends.cpu_allocator import CounterUnavailable
+from pytest_vram.backends import BackendUnavailable
+from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu.allocator import CounterUnavailable
+from pytest_vram.backends.cpu.backend import CpuBackend
 
 needs_compiler = pytest.mark.skipif(
     cpu_allocator.find_compiler() is None, reason="no C++ compiler to build the counter"
@@ -234,7 +235,7 @@ def test_the_counter_reads_its_figures_in_place(cpu: CpuBackend) -> None:
 def test_counted_tensors_still_alive_at_exit_are_freed_cleanly() -> None:
     script = (
         "import torch\n"
-        "from pytest_vram.backends.cpu import CpuBackend\n"
+        "from pytest_vram.backends.cpu.backend import CpuBackend\n"
         "backend = CpuBackend('allocator')\n"
         "backend.begin_test()\n"
         "KEPT = [torch.ones(1000) for _ in range(100)]\n"

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vram.backends import BackendUnavailable, cpu_allocator
-from pytest_vram.backends.cpu import CpuBackend
-from pytest_vram.backends.cpu_allocator import CounterUnavailable
+from pytest_vram.backends import BackendUnavailable
+from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu.allocator import CounterUnavailable
+from pytest_vram.backends.cpu.backend import CpuBackend
 
 pytestmark = pytest.mark.skipif(
     cpu_allocator.find_compiler() is None, reason="no C++ compiler to build the counter"
@@ -788,7 +789,7 @@ def test_processes_that_find_the_cache_empty_together_build_it_once(tmp_path: Pa
     cache = tmp_path / "cache"
     script = (
         "import sys\n"
-        "from pytest_vram.backends import cpu_allocator\n"
+        "from pytest_vram.backends.cpu import allocator as cpu_allocator\n"
         "builds = []\n"
         "real = cpu_allocator._build\n"
         "cpu_allocator._build = lambda *a: (builds.append(1), real(*a))\n"

@@ -31,10 +31,11 @@ from fake_gpu import (
 )
 
 from pytest_vram import snapshots
-from pytest_vram.backends import create_backend, nvml
+from pytest_vram.backends import create_backend
 from pytest_vram.backends.base import BackendUnavailable
-from pytest_vram.backends.cuda import CudaBackend, context_lost
-from pytest_vram.backends.sampler import SourceUnavailable, open_device_sampler
+from pytest_vram.backends.cuda import nvml
+from pytest_vram.backends.cuda.backend import CudaBackend, context_lost
+from pytest_vram.backends.cuda.sampler import SourceUnavailable, open_device_sampler
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.snapshots import SnapshotRecorder
 

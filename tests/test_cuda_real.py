@@ -19,7 +19,7 @@ MiB = 1024 * 1024
 
 
 def test_real_cuda_backend_reads_the_allocator() -> None:
-    from pytest_vram.backends.cuda import CudaBackend
+    from pytest_vram.backends.cuda.backend import CudaBackend
 
     backend = CudaBackend()
     try:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_vram.backends import cudaremap
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim import cudaremap
+from pytest_vram.backends.sim.backend import SimBackend
 
 pytestmark = pytest.mark.skipif(
     not cudaremap.available(), reason="needs a build of PyTorch without CUDA and a compiler"

@@ -29,7 +29,7 @@ def test_a_shape_only_test_does_not_import_dynamo() -> None:
         """
         import sys
         import torch
-        from pytest_vram.backends.sim import SimBackend
+        from pytest_vram.backends.sim.backend import SimBackend
 
         backend = SimBackend()
         backend.use_values(False)
@@ -51,7 +51,7 @@ def test_dynamo_imported_later_is_whole_and_shares_the_config() -> None:
         import sys
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from pytest_vram.backends.dynamoconfig import load_config_alone
+        from pytest_vram.backends.sim.dynamoconfig import load_config_alone
 
         print(load_config_alone())
         config = sys.modules["torch._dynamo.config"]
@@ -87,7 +87,7 @@ def test_nothing_is_done_once_dynamo_is_imported() -> None:
         import sys
         import torch
         import torch._dynamo
-        from pytest_vram.backends.dynamoconfig import load_config_alone
+        from pytest_vram.backends.sim.dynamoconfig import load_config_alone
 
         real = sys.modules["torch._dynamo"]
         print(load_config_alone(), torch._dynamo is real)

@@ -21,9 +21,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from pytest_vram import vram_world_size
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.sim.ranks import SimulatedRanks, skip_reason
 from pytest_vram.estimate import estimate
-from pytest_vram.fakeranks import SimulatedRanks, skip_reason
 from pytest_vram.marks import MARKER_HELP, MarkerError, read_marks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
@@ -100,7 +100,7 @@ def test_a_mesh_tensor_made_on_the_simulated_device_is_refused_with_a_reason() -
 
 
 def test_a_group_made_before_the_test_is_refused() -> None:
-    from pytest_vram.fakeranks import ranks_for
+    from pytest_vram.backends.sim.ranks import ranks_for
 
     backend = SimBackend()
     with ranks(2), pytest.raises(pytest.fail.Exception, match="already initialised"):
@@ -527,7 +527,7 @@ def test_a_bad_marker_is_a_usage_error_naming_the_test(pytester: pytest.Pytester
         @pytest.mark.vram_backend("sim")
         def test_idle_sim():
             # Simulated ranks are loaded only for a test that has them.
-            assert "pytest_vram.fakeranks" not in sys.modules
+            assert "pytest_vram.backends.sim.ranks" not in sys.modules
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

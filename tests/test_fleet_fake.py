@@ -15,10 +15,10 @@ import pytest
 import torch
 from fake_gpu import FakeAllocator, FakeAmdSmi, FakeNvml, GiB, MiB, gpu, sampler_threads
 
-from pytest_vram.backends import amdsmi as amdsmi_source
 from pytest_vram.backends.base import BackendUnavailable
-from pytest_vram.backends.cuda import CudaBackend, worker_device_index
-from pytest_vram.backends.sampler import SourceUnavailable
+from pytest_vram.backends.cuda import amdsmi as amdsmi_source
+from pytest_vram.backends.cuda.backend import CudaBackend, worker_device_index
+from pytest_vram.backends.cuda.sampler import SourceUnavailable
 
 pytest_plugins = ["fake_gpu_fixtures"]
 

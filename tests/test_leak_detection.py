@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from pytest_vram.backends.cpu import CpuBackend
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.cpu.backend import CpuBackend
+from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.scenarios import LeakError, leak_check
 

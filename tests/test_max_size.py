@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.baselines import compare_with_entry
 from pytest_vram.fit import largest, max_size
 from pytest_vram.fit.sweep import sweep

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import pytest_vram.measurement as measurement_module
-from pytest_vram.backends.cpu import CpuBackend
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.cpu.backend import CpuBackend
+from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.handle import VramHandle
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.scenarios import single_step

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_vram.backends import cpu_allocator
+from pytest_vram.backends.cpu import allocator as cpu_allocator
 from pytest_vram.backends.segments import CachingAllocatorModel
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 
 MiB = 1 << 20

@@ -79,6 +79,7 @@ def test_leaves_a_cycle(vram):
     cycle.append(cycle)
 """
 
+
 @pytest.fixture(params=["cpu", "sim"])
 def suite(request: pytest.FixtureRequest, pytester: pytest.Pytester) -> tuple[str, list[str]]:
     backend = request.param
@@ -95,7 +96,11 @@ def suite(request: pytest.FixtureRequest, pytester: pytest.Pytester) -> tuple[st
 def peaks(pytester: pytest.Pytester, backend: str, *args: str) -> dict[str, int]:
     out = pytester.path / "out.json"
     result = pytester.runpytest(
-        f"--vram-backend={backend}", "--vram-report", f"--vram-json={out}", "-p", "no:randomly",
+        f"--vram-backend={backend}",
+        "--vram-report",
+        f"--vram-json={out}",
+        "-p",
+        "no:randomly",
         *args,
     )
     assert result.ret == 0, result.outlines
@@ -164,8 +169,12 @@ def test_xdist_and_serial_write_the_same_baselines(
     for name, extra in {"serial": [], "xdist": ["-n", "2"]}.items():
         directory = pytester.path / f"baselines-{name}"
         result = pytester.runpytest(
-            f"--vram-backend={backend}", "--vram-update-baselines",
-            f"--vram-baseline-dir={directory}", "-p", "no:randomly", *extra,
+            f"--vram-backend={backend}",
+            "--vram-update-baselines",
+            f"--vram-baseline-dir={directory}",
+            "-p",
+            "no:randomly",
+            *extra,
         )
         assert result.ret == 0, result.outlines
         (path,) = directory.glob("*.yaml")

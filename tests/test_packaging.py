@@ -92,7 +92,7 @@ def test_wheel_and_sdist(tmp_path: Path) -> None:
         metadata = email.message_from_string(archive.read(f"{info}/METADATA").decode())
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     # The cpu backend compiles its allocator from this source on first use.
-    assert "pytest_vram/backends/cpu_allocator.cpp" in names
+    assert "pytest_vram/backends/cpu/allocator.cpp" in names
     assert "pytest_vram/plugin.py" in names
     assert not any(name.startswith(("tests/", "suites/", "baselines/")) for name in names)
     assert "vram = pytest_vram.plugin" in entry_points
@@ -113,6 +113,6 @@ def test_wheel_and_sdist(tmp_path: Path) -> None:
         "tests/data/junit/head.xml",
         "suites/gpt.py",
         "baselines/sim.yaml",
-        "pytest_vram/backends/cpu_allocator.cpp",
+        "pytest_vram/backends/cpu/allocator.cpp",
     } <= members
     assert not any("__pycache__" in name or name.endswith(".pyc") for name in members)

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_vram.backends.cpu_allocator import find_compiler
+from pytest_vram.backends.cpu.allocator import find_compiler
 
 CPU = "--vram-backend=cpu"
 

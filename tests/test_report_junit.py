@@ -64,8 +64,6 @@ def test_junit_property_names_are_unique() -> None:
     assert len(names) == len(set(names))
 
 
-
-
 def test_junit_properties_are_those_of_the_document_row() -> None:
     document = build_document(records(), {})
     by_id = {test["nodeid"]: test for test in document["tests"]}

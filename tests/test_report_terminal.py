@@ -93,8 +93,6 @@ def test_terminal_lines_stale_entries() -> None:
     assert lines[-2:] == ["  t.py::gone", "  t.py::old"]
 
 
-
-
 def test_terminal_lines_render_the_document() -> None:
     # The summary of the records and that of the JSON document written from them are one text.
     document = json.loads(json.dumps(build_document(records(), {})))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_vram.backends.cpu import CpuBackend
+from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.scenarios import (
     LeakCheckResult,

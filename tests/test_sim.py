@@ -20,8 +20,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from pytest_vram.backends import create_backend
-from pytest_vram.backends.fakecuda import DEVICE_NAME
-from pytest_vram.backends.sim import UNLIMITED_TOTAL, SimBackend
+from pytest_vram.backends.sim.backend import UNLIMITED_TOTAL, SimBackend
+from pytest_vram.backends.sim.fakecuda import DEVICE_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 from gpt import GPT, GPTConfig, training_step
@@ -755,7 +755,7 @@ def test_torch_compile_runs_eagerly_with_the_eager_figures(use_values: bool) -> 
 def test_computing_beyond_the_host_memory_fails_with_the_way_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pytest_vram.backends import sim as sim_module
+    from pytest_vram.backends.sim import backend as sim_module
 
     monkeypatch.setattr(sim_module, "available_host_memory", lambda: 1 * GiB)
     monkeypatch.setattr(sim_module, "_data_size", lambda: None)  # the tracker's check alone
@@ -775,7 +775,7 @@ def test_computing_beyond_the_host_memory_fails_with_the_way_out(
 
 
 def test_computing_on_a_guess_holds_its_budget_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_vram.backends import sim as sim_module
+    from pytest_vram.backends.sim import backend as sim_module
 
     monkeypatch.setattr(sim_module, "GUESS_BUDGET", 64 * MiB)
     backend = SimBackend()
@@ -798,7 +798,7 @@ def test_computing_on_a_guess_holds_its_budget_at_most(monkeypatch: pytest.Monke
 def test_a_kernel_cannot_take_more_than_the_host_has() -> None:
     import resource
 
-    from pytest_vram.backends.sim import available_host_memory
+    from pytest_vram.backends.sim.backend import available_host_memory
 
     before = resource.getrlimit(resource.RLIMIT_DATA)
     available = available_host_memory()

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pytest_vram.backends.segments import CachingAllocatorModel, OwnSegments
-from pytest_vram.backends.sim import SimBackend
-from pytest_vram.backends.workspaces import (
+from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.sim.workspaces import (
     DEFAULT_GPU,
     GPU_MODELS,
     gpu_model,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.sim.backend import SimBackend
 
 transformers = pytest.importorskip("transformers")
 
@@ -270,7 +270,7 @@ def test_a_mask_with_padding_is_not_taken_for_all_ones() -> None:
 def test_transformers_imported_during_the_test_is_answered_too() -> None:
     import sys
 
-    from pytest_vram.backends import fakecuda
+    from pytest_vram.backends.sim import fakecuda
 
     saved = sys.modules.pop(fakecuda._TRANSFORMERS_IMPORT_UTILS)
     try:

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_vram.backends.sim import SimBackend
-from pytest_vram.backends.simops import likely_redraws
+from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.sim.ops import likely_redraws
 
 COMPUTING = [pytest.param(False, id="shape-only"), pytest.param(True, id="computing")]
 

@@ -72,9 +72,7 @@ def test_a_plugin_that_drops_tests_in_modifyitems_does_not_make_them_stale(
     assert entries(pytester) == recorded
 
 
-def test_a_removed_test_is_listed_and_pruned(
-    pytester: pytest.Pytester, recorded: set[str]
-) -> None:
+def test_a_removed_test_is_listed_and_pruned(pytester: pytest.Pytester, recorded: set[str]) -> None:
     pytester.makepyfile(
         test_mem=TESTS.format(fail="True").replace("def test_beta", "def helper_beta")
     )

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_vram.backends import cpu_allocator
-from pytest_vram.backends.cpu import CpuBackend
+from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.measurement import TestMeasurement
 
 COUNTERS = ["allocator", "dispatch"]

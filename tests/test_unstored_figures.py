@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from pytest_vram.backends.cpu import CpuBackend
-from pytest_vram.backends.cuda import CudaBackend
-from pytest_vram.backends.sim import SimBackend
+from pytest_vram.backends.cpu.backend import CpuBackend
+from pytest_vram.backends.cuda.backend import CudaBackend
+from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.records import TestRecord
 

@@ -468,7 +468,7 @@ def test_figures_after_failures_do_not_depend_on_order(pytester: pytest.Pytester
     assert len(found["alone"]) == 3
 
 
-GENERATE = '''
+GENERATE = """
 import pytest, torch
 
 transformers = pytest.importorskip("transformers")
@@ -489,7 +489,7 @@ def test_greedy_generate_matches_a_manual_loop():
             next_token = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
             tokens = torch.cat([tokens, next_token], dim=1)
     assert out.tolist() == tokens.tolist()
-'''
+"""
 
 
 @pytest.mark.slow

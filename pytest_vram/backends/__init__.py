@@ -28,7 +28,7 @@ CPU_COUNTERS = ("auto", "allocator", "dispatch")
 
 
 def _cuda(**options: Any) -> Backend:
-    from pytest_vram.backends.cuda import CudaBackend
+    from pytest_vram.backends.cuda.backend import CudaBackend
     from pytest_vram.distributed import local_device_index
 
     # Under torchrun each rank measures its own device, LOCAL_RANK.
@@ -36,13 +36,13 @@ def _cuda(**options: Any) -> Backend:
 
 
 def _cpu(**options: Any) -> Backend:
-    from pytest_vram.backends.cpu import CpuBackend
+    from pytest_vram.backends.cpu.backend import CpuBackend
 
     return CpuBackend(counter=options.get("cpu_counter") or "auto")
 
 
 def _sim(**options: Any) -> Backend:
-    from pytest_vram.backends.sim import SimBackend
+    from pytest_vram.backends.sim.backend import SimBackend
 
     return SimBackend(
         capacity=options.get("sim_capacity"), gpu=options.get("sim_gpu"), workspaces=True
@@ -73,7 +73,5 @@ def create_backend(name: str, **options: Any) -> Backend:
     name = resolve_name(name)
     factory = REGISTRY.get(name)
     if factory is None:
-        raise BackendUnavailable(
-            f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}"
-        )
+        raise BackendUnavailable(f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}")
     return factory(**options)

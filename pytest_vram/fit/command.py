@@ -178,8 +178,8 @@ def run_fit(
     say: Any = None,
 ) -> FitTable:
     """Run each layout's step on a fresh simulated device and fill the table."""
-    from pytest_vram.backends.sim import SimBackend
-    from pytest_vram.fakeranks import SimulatedRanks
+    from pytest_vram.backends.sim.backend import SimBackend
+    from pytest_vram.backends.sim.ranks import SimulatedRanks
     from pytest_vram.fit.sweep import sweep
     from pytest_vram.fit.trials import SimTrials
 

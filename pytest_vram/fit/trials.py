@@ -200,7 +200,7 @@ def trials_for(backend: Any) -> PeakTrials:
 
 def _reraise_host(exc: BaseException) -> None:
     """The simulated device ran out of host memory computing values: no answer for the GPU."""
-    from pytest_vram.backends.sim import HostMemoryExceeded
+    from pytest_vram.backends.sim.backend import HostMemoryExceeded
 
     if isinstance(exc, HostMemoryExceeded):
         raise exc

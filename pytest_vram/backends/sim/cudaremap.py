@@ -1,7 +1,7 @@
 """CUDA device arguments on a build of PyTorch without CUDA, below Python.
 
 Shape-only, the simulated device sends ``device="cuda"`` to the CPU with a function mode
-(:class:`~pytest_vram.backends.fakecuda.CudaRemapMode`), which costs every call of a torch
+(:class:`~pytest_vram.backends.sim.fakecuda.CudaRemapMode`), which costs every call of a torch
 function a Python call: more than the op itself when tensors are small. A test that computes
 its values on a build without CUDA gets the same answers from below Python instead, where an op
 that names no device costs nothing more:
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.amp.autocast_mode
 
-from pytest_vram.backends import cpu_allocator
+from pytest_vram.backends.cpu import allocator as cpu_allocator
 
 __all__ = ["activate", "available", "deactivate", "is_cuda_device", "replacements"]
 

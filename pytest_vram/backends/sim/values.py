@@ -99,7 +99,7 @@ def run_again(item: pytest.Item, exc: BaseException) -> bool:
 def needs_values_message(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
     """The one error of a shape-only test that read a tensor's value and is not run again
     computing; None when ``exc`` is not for want of values."""
-    from pytest_vram.backends.sim import needs_values_error
+    from pytest_vram.backends.sim.backend import needs_values_error
 
     cause = needs_values_error(exc)
     if cause is None:

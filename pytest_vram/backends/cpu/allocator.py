@@ -1,6 +1,6 @@
 """Count the bytes PyTorch's CPU allocator hands out, from inside the allocator.
 
-``cpu_allocator.cpp`` wraps the CPU allocator with one that counts, per watched thread, the bytes
+``allocator.cpp`` wraps the CPU allocator with one that counts, per watched thread, the bytes
 of the blocks it hands out and frees, with their peak. Counting there costs a few atomic adds per
 allocation, where watching every op from Python (a ``TorchDispatchMode``) costs microseconds per
 op; it also sees what kernels allocate for themselves, as the CUDA allocator's figures do.
@@ -57,7 +57,7 @@ __all__ = [
     "stamp_path",
 ]
 
-SOURCE = Path(__file__).with_name("cpu_allocator.cpp")
+SOURCE = Path(__file__).with_name("allocator.cpp")
 _COMPILE_TIMEOUT_S = 300
 _STAMP_VERSION = 1
 

@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 import torch
 
 from pytest_vram.backends.base import Backend, BackendUnavailable
-from pytest_vram.backends.nvml import visible_mig_uuid
-from pytest_vram.backends.sampler import open_device_sampler
+from pytest_vram.backends.cuda.nvml import visible_mig_uuid
+from pytest_vram.backends.cuda.sampler import open_device_sampler
 from pytest_vram.units import format_size
 
 __all__ = [

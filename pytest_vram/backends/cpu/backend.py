@@ -8,9 +8,10 @@ from typing import Any, Protocol
 
 import torch
 
-from pytest_vram.backends import CPU_COUNTERS, cpu_allocator
+from pytest_vram.backends import CPU_COUNTERS
 from pytest_vram.backends.base import Backend, BackendUnavailable
-from pytest_vram.backends.cpu_allocator import AllocatorCounter, CounterUnavailable
+from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu.allocator import AllocatorCounter, CounterUnavailable
 
 __all__ = ["CpuBackend", "DispatchCounter"]
 

@@ -4,7 +4,7 @@ Shape-only, a measured test runs under PyTorch's ``FakeTensorMode``: every tenso
 shape, dtype and storage size but no data, so nothing is computed and a 32B-parameter training
 step takes seconds on a laptop. Computing (``use_values(True)``, for a test that reads values),
 it runs on real CPU tensors, whose op outputs an
-:class:`~pytest_vram.backends.cpu_allocator.OpCounter` counts inside PyTorch's CPU allocator
+:class:`~pytest_vram.backends.cpu.allocator.OpCounter` counts inside PyTorch's CPU allocator
 (or, where it cannot be built, with a capacity set, or while attribution listens, the tracker's
 dispatch mode); everything else is the same, so both give the same figures for the same
 allocations.
@@ -12,11 +12,12 @@ allocations.
 A :class:`~pytest_vram.backends.tracker.StorageTracker` counts the live storages as the CUDA
 caching allocator would hand them out (multiples of 512 bytes), a
 :class:`~pytest_vram.backends.segments.CachingAllocatorModel` replays the allocator's segments
-for reserved memory and out-of-memory, and :class:`~pytest_vram.backends.fakecuda.VirtualCuda`
+for reserved memory and out-of-memory, and :class:`~pytest_vram.backends.sim.fakecuda.VirtualCuda`
 makes ``device="cuda"``, ``.cuda()``, ``torch.autocast("cuda")`` and ``torch.cuda.*`` queries
-work on a CPU-only build of PyTorch. Shape-only, :class:`~pytest_vram.backends.known.KnownValues`
-keeps the values known without computing (constants, small real tensors), so that code which
-reads them takes the path a real run takes. See ``docs/sim.md``.
+work on a CPU-only build of PyTorch. Shape-only,
+:class:`~pytest_vram.backends.sim.known.KnownValues` keeps the values known without computing
+(constants, small real tensors), so that code which reads them takes the path a real run
+takes. See ``docs/sim.md``.
 """
 
 from __future__ import annotations
@@ -37,15 +38,14 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
-from pytest_vram.backends import cpu_allocator
 from pytest_vram.backends.base import Backend
-from pytest_vram.backends.dynamoconfig import load_config_alone
-from pytest_vram.backends.fakecuda import VirtualCuda
-from pytest_vram.backends.known import KnownValues
+from pytest_vram.backends.cpu import allocator as cpu_allocator
 from pytest_vram.backends.segments import CachingAllocatorModel, OwnSegments, SegmentFigures
-from pytest_vram.backends.simops import accumulates_in_place
-from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
-from pytest_vram.backends.workspaces import (
+from pytest_vram.backends.sim.dynamoconfig import load_config_alone
+from pytest_vram.backends.sim.fakecuda import VirtualCuda
+from pytest_vram.backends.sim.known import KnownValues
+from pytest_vram.backends.sim.ops import accumulates_in_place
+from pytest_vram.backends.sim.workspaces import (
     DEFAULT_GPU,
     WORKSPACE_NAME,
     CublasWorkspaces,
@@ -53,6 +53,7 @@ from pytest_vram.backends.workspaces import (
     gpu_model,
     matmul_ops,
 )
+from pytest_vram.backends.tracker import StorageTracker, round_like_cuda_allocator
 from pytest_vram.units import format_size, parse_size
 
 __all__ = [

@@ -1,6 +1,6 @@
 // Counts the bytes that PyTorch's CPU allocator hands out on one thread, with their peak.
 //
-// pytest-vram compiles this file once per torch build (see cpu_allocator.py) and loads it with
+// pytest-vram compiles this file once per torch build (see allocator.py) and loads it with
 // ctypes: no Python headers are needed, only torch's own C++ headers, libc10 and libtorch_cpu.
 //
 // The counting allocator wraps the CPU allocator that was installed before it. Blocks allocated

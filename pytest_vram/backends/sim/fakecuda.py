@@ -43,9 +43,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _device
 from torch.utils.data._utils import pin_memory as pin_memory_module
 
-from pytest_vram.backends import cudaremap
-from pytest_vram.backends.cudaremap import is_cuda_device
-from pytest_vram.backends.simops import trunc_normal_decided
+from pytest_vram.backends.sim import cudaremap
+from pytest_vram.backends.sim.cudaremap import is_cuda_device
+from pytest_vram.backends.sim.ops import trunc_normal_decided
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["SimulatedDevice", "SimulatedDeviceProperties", "VirtualCuda"]

@@ -2,8 +2,8 @@
 
 The allocator's figures miss what the driver sees: the CUDA or HIP context, library
 workspaces, other processes' allocations. A :class:`MemorySource` reads that used memory for
-one device: NVML on NVIDIA GPUs (:mod:`pytest_vram.backends.nvml`), amdsmi on ROCm
-(:mod:`pytest_vram.backends.amdsmi`). Both are optional: where the library or its module is
+one device: NVML on NVIDIA GPUs (:mod:`pytest_vram.backends.cuda.nvml`), amdsmi on ROCm
+(:mod:`pytest_vram.backends.cuda.amdsmi`). Both are optional: where the library or its module is
 missing, :func:`open_device_sampler` returns no sampler and says why.
 """
 
@@ -119,9 +119,9 @@ def open_device_sampler(
     seen to be a MIG slice either way.
     """
     if rocm:
-        from pytest_vram.backends import amdsmi as library
+        from pytest_vram.backends.cuda import amdsmi as library
     else:
-        from pytest_vram.backends import nvml as library  # type: ignore[no-redef]
+        from pytest_vram.backends.cuda import nvml as library  # type: ignore[no-redef]
     try:
         source = library.open_source(device_index)
     except SourceUnavailable as exc:

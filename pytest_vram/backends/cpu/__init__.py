@@ -1,0 +1,1 @@
+"""The host as the device: its allocator wrapped by one that counts."""
