@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_vram.baselines import BaselineFile, compare_with_entry, read_careful, read_fast
+from pytest_vram.baselines.compare import compare_with_entry
+from pytest_vram.baselines.file import BaselineFile, read_careful, read_fast
 from pytest_vram.units import parse_tolerance
 
 # Run in a fresh interpreter, so that its peak RSS is the load's and nothing else's. Linux's
@@ -24,7 +25,7 @@ from pytest_vram.units import parse_tolerance
 LOAD_ONE = """
 import json, sys, time
 from pathlib import Path
-from pytest_vram.baselines import BaselineFile
+from pytest_vram.baselines.file import BaselineFile
 
 def peak_bytes():
     with open("/proc/self/status") as status:

@@ -27,7 +27,7 @@ import pytest
 
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.records import TestRecord
-from pytest_vram.selection import MEASUREMENT
+from pytest_vram.stash import MEASUREMENT
 
 __all__ = ["PLUGIN_NAME", "BenchmarkMemory", "BenchmarkRounds", "register"]
 

@@ -10,15 +10,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pytest_vram import __version__, estimate, junitfiles, shards
+from pytest_vram import __version__, estimate, shards
 from pytest_vram.errors import UsageError
 from pytest_vram.fit import command as fit_command
+from pytest_vram.report import commands as report_commands
+from pytest_vram.report.junitfile import JUnitFileError
 
 #: Each subcommand's error for input it cannot use; all of them exit 2.
 INPUT_ERRORS: tuple[type[Exception], ...] = (
     UsageError,
     estimate.EstimateError,
-    junitfiles.JUnitFileError,
+    JUnitFileError,
     shards.ShardError,
 )
 
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     estimate.add_cli_parser(subcommands)
     fit_command.add_cli_parser(subcommands)
-    junitfiles.add_cli_parsers(subcommands)
+    report_commands.add_cli_parsers(subcommands)
     shards.add_cli_parser(subcommands)
     return parser
 

@@ -6,29 +6,51 @@ category totals at the peak (``peak_parameters`` ...) and, for a multi-rank test
 copy of either (``peak_allocated_rank1``). Whatever reads figures from outside the process (a
 baseline file, a ``--vram-json`` shard, a JUnit property) checks them here, so a value that one
 reader would refuse is never written by another.
+
+This module is the one place that knows an entry's schema: which figures a record stores
+(:func:`stored_figures`, :func:`rank_figures`), how a rank's copy and a category total are named,
+which figures are counts rather than bytes, and the checks of each when read back.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
+    "CATEGORIES",
     "CATEGORY_FIGURES",
+    "COMPARED_FIGURES",
+    "COUNT_FIGURES",
     "LARGER_IS_BETTER",
     "MAX_FIGURE",
     "MAX_RANK",
     "MEASURED_FIGURES",
+    "RANK_SUFFIX",
+    "SCENARIO_FIGURES",
     "FigureError",
+    "category_figures",
+    "check_breakdown",
     "check_change",
     "check_entry",
     "check_figure",
     "check_figure_name",
+    "check_mapping",
     "check_nodeid",
     "check_rank",
+    "check_rank_entries",
+    "check_scenarios",
     "check_text",
+    "entry_categories",
+    "entry_for_rank",
     "figure_from_text",
+    "figure_unit",
     "is_known_figure",
+    "rank_figure_name",
+    "rank_figures",
+    "stored_figures",
 ]
 
 #: The largest number of bytes a figure may hold: a signed 64-bit integer, as PyTorch and
@@ -50,16 +72,40 @@ MEASURED_FIGURES = (
     # Not bytes: the largest size of a step that fits a capacity (vram.max_size).
     "max_size",
 )
+#: Figures that count something other than bytes.
+COUNT_FIGURES = frozenset({"max_size"})
 #: Figures where a lower value is the regression.
 LARGER_IS_BETTER = frozenset({"max_size"})
-#: Category totals at the peak (see :mod:`pytest_vram.attribution.breakdown`).
-CATEGORY_FIGURES = tuple(
-    f"peak_{name}"
-    for name in ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
-)
+#: The figures a regression is judged on, with the words messages use for them.
+COMPARED_FIGURES = {
+    "peak_allocated": "peak allocated",
+    "single_step_peak": "single-step peak",
+    "idle": "idle allocated",
+    "leak_growth": "leak-check growth",
+    "max_size": "largest size that fits",
+}
+#: Each vram scenario whose result an entry stores: the figure's name, and the result's field
+#: that holds it.
+SCENARIO_FIGURES = {
+    "empty_cache": ("idle", "allocated"),
+    "single_step": ("single_step_peak", "peak"),
+    "leak_check": ("leak_growth", "growth"),
+    "max_size": ("max_size", "value"),
+}
+# Measured as a change, which is negative when memory fell, and stored as at least 0.
+_CHANGES = frozenset({"leak_growth"})
+
+#: The categories of a peak's breakdown (see :mod:`pytest_vram.attribution.breakdown`).
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+# An entry keeps the category totals at the peak as ``peak_<category>``.
+_CATEGORY_PREFIX = "peak_"
+#: Category totals at the peak.
+CATEGORY_FIGURES = tuple(f"{_CATEGORY_PREFIX}{name}" for name in CATEGORIES)
 _KNOWN = frozenset(MEASURED_FIGURES + CATEGORY_FIGURES)
-# One rank's copy of a figure (pytest_vram.distributed.RANK_SUFFIX).
-_RANK_COPY = re.compile(r"(.+)_rank(0|[1-9][0-9]{0,5})")
+
+#: What names one rank's copy of a figure: ``peak_allocated_rank1``.
+RANK_SUFFIX = "_rank"
+_RANK_COPY = re.compile(rf"(.+){RANK_SUFFIX}(0|[1-9][0-9]{{0,5}})")
 # A whole number as text: ASCII digits only, as a report writes it.
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
 
@@ -79,6 +125,95 @@ def is_known_figure(name: str) -> bool:
         return True
     match = _RANK_COPY.fullmatch(name)
     return match is not None and match.group(1) in _KNOWN
+
+
+def figure_unit(name: str) -> str:
+    """``count`` for a figure that counts sizes (``max_size`` and its rank copies), else
+    ``bytes``."""
+    match = _RANK_COPY.fullmatch(name)
+    return "count" if (match.group(1) if match else name) in COUNT_FIGURES else "bytes"
+
+
+def rank_figure_name(name: str, rank: int) -> str:
+    """The name of one rank's copy of a figure: ``peak_allocated_rank1``."""
+    return f"{name}{RANK_SUFFIX}{rank}"
+
+
+# -- the figures a record stores -------------------------------------------------------------
+
+
+def stored_figures(
+    peak_allocated: int,
+    peak_reserved: int | None,
+    peak_device: int | None,
+    scenarios: Mapping[str, Mapping[str, Any]],
+    breakdown: Mapping[str, Any] | None,
+) -> dict[str, int]:
+    """The figures an entry stores for one process's measurement, by name."""
+    figures = {"peak_allocated": peak_allocated}
+    if peak_reserved is not None:
+        figures["peak_reserved"] = peak_reserved
+    if peak_device is not None:
+        figures["peak_device"] = peak_device
+    if scenarios:  # most tests run none
+        for scenario, (name, key) in SCENARIO_FIGURES.items():
+            if scenario in scenarios:
+                value = scenarios[scenario][key]
+                # Memory that fell over the steps grew by nothing: a figure is never negative.
+                figures[name] = max(0, value) if name in _CHANGES else value
+    if breakdown:
+        figures.update(category_figures(breakdown))
+    return figures
+
+
+def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:
+    """The figures of a breakdown: ``peak_parameters`` and so on."""
+    if not breakdown:
+        return {}
+    categories = breakdown.get("categories") or {}
+    return {f"{_CATEGORY_PREFIX}{name}": int(categories.get(name, 0)) for name in CATEGORIES}
+
+
+def entry_categories(entry: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The category totals an entry stores, None for an entry without them."""
+    if not entry:
+        return None
+    found = {
+        name: int(entry[f"{_CATEGORY_PREFIX}{name}"])
+        for name in CATEGORIES
+        if f"{_CATEGORY_PREFIX}{name}" in entry
+    }
+    return found or None
+
+
+def rank_figures(ranks: list[dict[str, Any]]) -> dict[str, int]:
+    """A multi-rank test's figures: the worst of each over the ranks (the most memory; the
+    smallest ``max_size``, which every rank must fit), and each rank's own copy."""
+    figures: dict[str, int] = {}
+    for entry in ranks:
+        for name, value in entry["figures"].items():
+            worst = min if name in LARGER_IS_BETTER else max
+            figures[name] = worst(figures.get(name, value), value)
+    for entry in ranks:
+        for name, value in entry["figures"].items():
+            figures[rank_figure_name(name, entry["rank"])] = value
+    return figures
+
+
+def entry_for_rank(entry: Mapping[str, int] | None, rank: int) -> dict[str, int] | None:
+    """The figures of an entry that one rank is compared with: its own where the entry has
+    them."""
+    if entry is None:
+        return None
+    suffix = rank_figure_name("", rank)
+    return {
+        name: entry.get(name + suffix, value)
+        for name, value in entry.items()
+        if RANK_SUFFIX not in name
+    }
+
+
+# -- checks of figures read back -------------------------------------------------------------
 
 
 def check_figure_name(name: object) -> str:
@@ -154,6 +289,48 @@ def check_entry(nodeid: object, figures: object) -> tuple[str, dict[str, int]]:
         except FigureError as exc:
             raise FigureError(f"{nodeid!r}: {exc}") from None
     return nodeid, checked
+
+
+def check_mapping(name: str, value: object) -> dict[str, Any]:
+    """``value`` as an object (a dict) read back, or FigureError naming the field."""
+    if not isinstance(value, dict):
+        raise FigureError(f"{name} must be an object, got {_shown(value)}")
+    return value
+
+
+def check_scenarios(scenarios: object) -> None:
+    """The results of a record's scenarios whose figures an entry stores, each checked."""
+    scenarios = check_mapping("scenarios", scenarios)
+    for scenario, (name, key) in SCENARIO_FIGURES.items():
+        if scenario in scenarios:
+            result = check_mapping(f"scenarios.{scenario}", scenarios[scenario])
+            check = check_change if name in _CHANGES else check_figure
+            check(f"scenarios.{scenario}.{key}", result.get(key))
+
+
+def check_breakdown(breakdown: object) -> None:
+    """A record's breakdown: the category totals an entry stores, each checked."""
+    breakdown = check_mapping("breakdown", breakdown)
+    categories = check_mapping("breakdown.categories", breakdown.get("categories") or {})
+    for name in CATEGORIES:
+        if name in categories:
+            check_figure(f"breakdown.categories.{name}", categories[name])
+
+
+def check_rank_entries(ranks: object) -> None:
+    """A multi-rank record's per-rank entries: each rank number, figure name and figure."""
+    if not isinstance(ranks, list):
+        raise FigureError(f"ranks must be a list, got {_shown(ranks)}")
+    for index, entry in enumerate(ranks):
+        where = f"ranks[{index}]"
+        entry = check_mapping(where, entry)
+        check_rank(f"{where}.rank", entry.get("rank"))
+        for name, value in check_mapping(f"{where}.figures", entry.get("figures")).items():
+            try:
+                check_figure_name(name)
+            except FigureError as exc:
+                raise FigureError(f"{where}.figures: {exc}") from None
+            check_figure(f"{where}.figures.{name}", value)
 
 
 def _integer(name: str, value: object) -> int:

@@ -205,9 +205,10 @@ class OwnView:
 
     It passes everything else to the backend. ``begin_test`` fixes the offset: what was
     allocated then, less what the test's fixtures already held. Reserved figures are the
-    test's own where the backend models them so (the simulated device: ``own_reserved``),
-    told of ``held_tensors``, the storages its fixtures held before it began; elsewhere they
-    are the device's.
+    test's own where the backend lays out ``own_segments`` (the simulated device), told of
+    ``held_tensors``, the storages its fixtures held before it began; elsewhere they are the
+    device's. Every ability of the backend's contract passes through, and ``device_backend``
+    is the backend itself.
     """
 
     def __init__(
@@ -229,15 +230,19 @@ class OwnView:
         self.replaced = dict(replaced) if replaced else {}
         self._offset = 0
         self._excluding = 0
+        #: The backend viewed: its figures are the whole device's.
+        self.device_backend = backend
         # What every test reads passes straight through, bound once rather than looked up
         # through __getattr__ at each read.
         self.name = backend.name
-        self.reserved = getattr(backend, "own_reserved", backend.reserved)
-        self.peak_reserved = getattr(backend, "own_peak_reserved", backend.peak_reserved)
-        self._own_memory = getattr(backend, "own_memory", None) if fixtures else None
+        laid_out = backend.own_segments is not None
+        # Without own segments the own figures are the device's: one call less at each read.
+        self.reserved = backend.own_reserved if laid_out else backend.reserved
+        self.peak_reserved = backend.own_peak_reserved if laid_out else backend.peak_reserved
+        self._own_memory = backend.own_memory if laid_out and fixtures else None
         if self._own_memory is None:
             self._held_tensors = []
-        self._restart_own = getattr(backend, "restart_own", None)
+        self._restart_own = backend.restart_own
         self.peak_device = backend.peak_device
         self.counters = backend.counters
         self.end_test = backend.end_test
@@ -278,8 +283,7 @@ class OwnView:
         """It is made: what making it cost above what it holds is forgotten."""
         self._excluding -= 1
         if self._excluding == 0:
-            if self._restart_own is not None:
-                self._restart_own()
+            self._restart_own()
             self._backend.reset_peak()
             _tell_listeners(False)
 

@@ -16,10 +16,11 @@ import pytest
 from pytest_vram.backends import BackendUnavailable, create_backend
 from pytest_vram.marks import MARKER_HELP
 from pytest_vram.options import Settings, add_options
-from pytest_vram.selection import MEASUREMENT, Selection, is_xdist_controller
+from pytest_vram.selection import Selection, is_xdist_controller
+from pytest_vram.stash import MEASUREMENT
 
 if TYPE_CHECKING:
-    from pytest_vram.baselines import BaselineStore
+    from pytest_vram.baselines.store import BaselineStore
     from pytest_vram.handle import VramHandle
     from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
 
@@ -54,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
     if settings.wants_session and not hasattr(config, "workerinput"):
-        from pytest_vram.writer import preflight
+        from pytest_vram.preflight import preflight
 
         preflight(settings)  # only the controller writes
     # A malformed baseline file stops the run before any test; a project without baseline
@@ -62,25 +63,27 @@ def pytest_configure(config: pytest.Config) -> None:
     store = _load_store(settings) if _has_baseline_files(settings) else None
 
     def start_session() -> None:
-        from pytest_vram.session import (
-            ControllerReports,
-            FinalReports,
-            VramSession,
-            WorkerReports,
-        )
+        from pytest_vram.backends.sim.ondemand import ValuesOnDemand
+        from pytest_vram.reporthooks import ControllerReports, FinalReports, WorkerReports
+        from pytest_vram.session import VramSession
 
         if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
             return
         session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
         config.pluginmanager.register(FinalReports(), FINAL_REPORTS_NAME)
-        from pytest_vram.backends.sim.values import ValuesOnDemand
-
-        config.pluginmanager.register(ValuesOnDemand(config, settings, session), VALUES_NAME)
+        values = ValuesOnDemand(
+            config, policy=settings.sim_compute, backend=settings.backend, discard=session.discard
+        )
+        config.pluginmanager.register(values, VALUES_NAME)
         if session.is_worker:
-            config.pluginmanager.register(WorkerReports(session), WORKER_PLUGIN_NAME)
+            worker = WorkerReports(session.environments, notes=session.notes_to_send)
+            config.pluginmanager.register(worker, WORKER_PLUGIN_NAME)
         elif is_xdist_controller(config):
-            config.pluginmanager.register(ControllerReports(session), CONTROLLER_PLUGIN_NAME)
+            controller = ControllerReports(
+                session.records, session.environments, session.notes, discard=session.discard
+            )
+            config.pluginmanager.register(controller, CONTROLLER_PLUGIN_NAME)
         if config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark is active
             from pytest_vram import benchmarking
 
@@ -111,7 +114,8 @@ def _has_baseline_files(settings: Settings) -> bool:
 
 
 def _load_store(settings: Settings) -> BaselineStore:
-    from pytest_vram.baselines import BaselineFileError, BaselineStore
+    from pytest_vram.baselines.errors import BaselineFileError
+    from pytest_vram.baselines.store import BaselineStore
 
     try:
         return BaselineStore.load(settings.baseline_dir)

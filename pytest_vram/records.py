@@ -10,16 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_vram.attribution.breakdown import CATEGORIES, category_figures
 from pytest_vram.figures import (
-    FigureError,
-    check_change,
+    check_breakdown,
     check_entry,
     check_figure,
-    check_figure_name,
     check_nodeid,
-    check_rank,
+    check_rank_entries,
+    check_scenarios,
     check_text,
+    rank_figures,
+    stored_figures,
 )
 from pytest_vram.status import Status, rank_of
 
@@ -90,28 +90,16 @@ class TestRecord:
         return max(0, self.end_allocated - self.start_allocated)
 
     def figures(self) -> dict[str, int]:
-        """The figures a baseline entry stores, by name."""
+        """The figures a baseline entry stores, by name (see :mod:`pytest_vram.figures`)."""
         if self.ranks:
-            from pytest_vram.distributed import rank_figures
-
             return rank_figures(self.ranks)
-        figures = {"peak_allocated": self.peak_allocated}
-        if self.peak_reserved is not None:
-            figures["peak_reserved"] = self.peak_reserved
-        if self.peak_device is not None:
-            figures["peak_device"] = self.peak_device
-        if "empty_cache" in self.scenarios:
-            figures["idle"] = self.scenarios["empty_cache"]["allocated"]
-        if "single_step" in self.scenarios:
-            figures["single_step_peak"] = self.scenarios["single_step"]["peak"]
-        if "leak_check" in self.scenarios:
-            # Memory that fell over the steps grew by nothing: a figure is never negative.
-            figures["leak_growth"] = max(0, self.scenarios["leak_check"]["growth"])
-        if "max_size" in self.scenarios:
-            # A count, not bytes: the largest size of the step that fit (vram.max_size).
-            figures["max_size"] = self.scenarios["max_size"]["value"]
-        if self.breakdown:
-            figures.update(category_figures(self.breakdown))
+        figures = stored_figures(
+            self.peak_allocated,
+            self.peak_reserved,
+            self.peak_device,
+            self.scenarios,
+            self.breakdown,
+        )
         for name in self.unstored:
             figures.pop(name, None)
         return figures
@@ -138,15 +126,6 @@ class TestRecord:
         return cls(**values)
 
 
-# The scenario results a baseline stores: the field of each that holds the figure.
-_SCENARIO_FIGURES = {
-    "empty_cache": "allocated",
-    "single_step": "peak",
-    "leak_check": "growth",
-    "max_size": "value",
-}
-
-
 def read_record(data: object) -> TestRecord:
     """A record read back from outside the process, such as a ``--vram-json`` document's.
 
@@ -166,46 +145,14 @@ def read_record(data: object) -> TestRecord:
     for name in ("peak_reserved", "peak_device"):
         if getattr(record, name) is not None:
             check_figure(name, getattr(record, name))
-    scenarios = _mapping("scenarios", record.scenarios)
-    for scenario, key in _SCENARIO_FIGURES.items():
-        if scenario in scenarios:
-            result = _mapping(f"scenarios.{scenario}", scenarios[scenario])
-            # A leak check's growth is negative when memory fell; the baseline stores 0.
-            check = check_change if scenario == "leak_check" else check_figure
-            check(f"scenarios.{scenario}.{key}", result.get(key))
+    check_scenarios(record.scenarios)
     if record.breakdown is not None:
-        breakdown = _mapping("breakdown", record.breakdown)
-        categories = _mapping("breakdown.categories", breakdown.get("categories") or {})
-        for name in CATEGORIES:
-            if name in categories:
-                check_figure(f"breakdown.categories.{name}", categories[name])
+        check_breakdown(record.breakdown)
     if record.ranks is not None:
-        if not isinstance(record.ranks, list):
-            raise FigureError(f"ranks must be a list, got {_shown(record.ranks)}")
-        for index, entry in enumerate(record.ranks):
-            where = f"ranks[{index}]"
-            entry = _mapping(where, entry)
-            check_rank(f"{where}.rank", entry.get("rank"))
-            for name, value in _mapping(f"{where}.figures", entry.get("figures")).items():
-                try:
-                    check_figure_name(name)
-                except FigureError as exc:
-                    raise FigureError(f"{where}.figures: {exc}") from None
-                check_figure(f"{where}.figures.{name}", value)
+        check_rank_entries(record.ranks)
     # What an update would store, checked as a whole as the loader checks an entry.
     check_entry(record.nodeid, record.figures())
     return record
-
-
-def _mapping(name: str, value: object) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise FigureError(f"{name} must be an object, got {_shown(value)}")
-    return value
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def sort_worst_first(records: list[TestRecord]) -> list[TestRecord]:

@@ -9,32 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from pytest_vram.marks import MarkerError, VramMarks, read_marks
 from pytest_vram.options import Settings
+from pytest_vram.stash import MARKER_ERROR, MARKS
 
-if TYPE_CHECKING:
-    from pytest_vram.measurement import TestMeasurement
-
-__all__ = [
-    "MARKER_ERROR",
-    "MARKS",
-    "MEASUREMENT",
-    "VRAM_FIXTURES",
-    "Selection",
-    "is_xdist_controller",
-]
+__all__ = ["VRAM_FIXTURES", "Selection", "is_xdist_controller"]
 
 VRAM_FIXTURES = frozenset({"vram", "vram_empty_cache", "vram_single_step", "vram_leak_check"})
-#: Set on the tests that are measured: their parsed markers.
-MARKS = pytest.StashKey[VramMarks]()
-#: Set on a test whose vram markers are malformed; its setup reports the error.
-MARKER_ERROR = pytest.StashKey[MarkerError]()
-#: Set on a measured test while it runs: what the vram fixture hands the test.
-MEASUREMENT: pytest.StashKey[TestMeasurement] = pytest.StashKey()
 
 
 def is_xdist_controller(config: pytest.Config) -> bool:

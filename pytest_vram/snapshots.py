@@ -12,9 +12,7 @@ so every report names the file of that test.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import inspect
 import pickle
 import re
 from pathlib import Path
@@ -22,63 +20,9 @@ from typing import Any
 
 from pytest_vram.atomic import temporary_prefix, write_atomic
 from pytest_vram.backends.base import Backend
+from pytest_vram.backends.cuda.history import resume_history
 
-__all__ = [
-    "SnapshotError",
-    "SnapshotRecorder",
-    "history_recording",
-    "resume_history",
-    "snapshot_name",
-    "stop_history",
-]
-
-# A test's allocations and frees, each with its Python stack (a few KB an entry): a test that
-# makes more keeps its last ones.
-_MAX_ENTRIES = 20_000
-# Whether a recorder keeps the CUDA allocator's history on (a leak check's sites turn it on
-# for their steps, and back to this when they are done).
-_CUDA_HISTORY = {"on": False}
-
-
-def history_recording() -> bool:
-    """Whether the CUDA allocator's history is being recorded for snapshots."""
-    return _CUDA_HISTORY["on"]
-
-
-def resume_history(clear: bool = False) -> None:
-    """Turn the snapshots' recording of the CUDA allocator's history (back) on; ``clear``
-    drops what was recorded so far, so that a snapshot holds one test's history."""
-    import torch
-
-    record = torch.cuda.memory._record_memory_history
-    settings: dict[str, Any] = {"context": "all", "stacks": "python", "max_entries": _MAX_ENTRIES}
-    if clear:
-        if _can_clear(record):
-            settings["clear_history"] = True
-        elif _CUDA_HISTORY["on"]:
-            record(None)  # an older torch: turning it off drops the history
-    record("all", **settings)
-    _CUDA_HISTORY["on"] = True
-
-
-def stop_history() -> None:
-    """Turn off the recording the snapshots turned on: at the session's end."""
-    if not _CUDA_HISTORY["on"]:
-        return
-    _CUDA_HISTORY["on"] = False
-    import torch
-
-    # A context lost to a CUDA error records nothing any more.
-    with contextlib.suppress(Exception):
-        torch.cuda.memory._record_memory_history(None)
-
-
-def _can_clear(record: Any) -> bool:
-    try:
-        return "clear_history" in inspect.signature(record).parameters
-    except (TypeError, ValueError):
-        return False
-
+__all__ = ["SnapshotError", "SnapshotRecorder", "snapshot_name"]
 
 # A name keeps this much of the test id: with the hash and the suffix it stays far below the
 # 255 bytes a file name may have, however long the id (parametrize ids have no limit).
@@ -132,13 +76,10 @@ class SnapshotRecorder:
     def start(self, backend: Backend) -> None:
         if self.directory is None:
             return
-        from pytest_vram.attribution.sources import unwrap
-
-        backend = unwrap(backend)
-        if backend.name == "cuda":
+        if backend.memory_history:
             # Cleared for each test: a failing test's snapshot holds its own history, not the
             # session's.
-            self._cuda_note = getattr(backend, "snapshot_note", None)
+            self._cuda_note = backend.snapshot_note
             self._recording = self._cuda_note is None
             if self._recording:
                 resume_history(clear=True)
@@ -154,8 +95,7 @@ class SnapshotRecorder:
         tracker = source.open()
         if tracker is None:
             return
-        segments = getattr(backend, "segments", None)
-        self._log = TraceLog(segments if hasattr(segments, "segment_sizes") else None)
+        self._log = TraceLog(backend.segments)
         if self._log.segments is not None:
             self._segments = self._log.segments
             self._segments.segment_listener = self._log.segment_event
@@ -189,7 +129,7 @@ class SnapshotRecorder:
         if self.directory is None:
             return None
         path = self.directory / snapshot_name(nodeid)
-        if self._cuda_note is not None and _is_cuda(backend):
+        if self._cuda_note is not None and backend.memory_history:
             raise SnapshotError(f"no memory snapshot of {nodeid}: {self._cuda_note}")
         try:
             snapshot = self._take(backend)
@@ -203,7 +143,7 @@ class SnapshotRecorder:
         return path
 
     def _take(self, backend: Backend) -> dict[str, Any] | None:
-        if _is_cuda(backend):
+        if backend.memory_history:
             if not self._recording:
                 return None
             import torch
@@ -214,9 +154,3 @@ class SnapshotRecorder:
 
     def notes(self) -> list[str]:
         return []
-
-
-def _is_cuda(backend: Backend) -> bool:
-    from pytest_vram.attribution.sources import unwrap
-
-    return unwrap(backend).name == "cuda"

@@ -17,6 +17,7 @@ __all__ = [
     "Tolerance",
     "describe_size",
     "format_delta",
+    "format_percent",
     "format_size",
     "parse_size",
     "parse_tolerance",
@@ -143,6 +144,11 @@ def _hundredths(n: int, factor: int) -> str:
 def format_delta(nbytes: int) -> str:
     """A signed size: ``+1.50 GiB``, ``-512 B``, ``+0 B``."""
     return format_size(nbytes) if nbytes < 0 else "+" + format_size(nbytes)
+
+
+def format_percent(percent: float) -> str:
+    """A signed percentage with one decimal: ``+11.8%``, ``-50.0%``, ``+0.0%``."""
+    return f"{percent:+.1f}%"
 
 
 def describe_size(value: object) -> str:

@@ -17,7 +17,7 @@ from pytest_vram.attribution.breakdown import (
     describe_growth,
     entry_categories,
 )
-from pytest_vram.baselines import FigureChange, compare_with_entry
+from pytest_vram.baselines.compare import FigureChange, compare_with_entry
 from pytest_vram.records import BudgetResult, TestRecord
 from pytest_vram.status import Status
 from pytest_vram.units import describe_size, format_size
@@ -39,9 +39,10 @@ class Outcome(str, enum.Enum):
     SKIPPED = "skipped"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
-    """The memory verdict of one test."""
+    """The memory verdict of one test: made whole by :func:`judge`, never changed after
+    (``dataclasses.replace`` makes a changed copy)."""
 
     status: Status
     #: Why the test fails, one reason a line; empty when it passes.
@@ -54,12 +55,6 @@ class Verdict:
     #: The notes that are warnings (:class:`~pytest_vram.errors.VramWarning`): a figure
     #: that was not checked.
     warnings: list[str] = field(default_factory=list)
-
-
-# The verdicts of the tests with nothing to judge, shared: most tests of a suite without
-# baselines, each of which would otherwise make four objects for the garbage collector to
-# walk (a failing test's verdict lives as long as its item). Never changed.
-_NOTHING_TO_JUDGE = {status: Verdict(status) for status in (Status.OK, Status.NEW)}
 
 
 def judge(
@@ -82,7 +77,7 @@ def judge(
         return Verdict(Status.SKIPPED)
     if outcome is Outcome.PASSED and not marks.budgets and entry is None and not settings.strict:
         # Most tests of a suite without baselines: nothing to check, and nothing to say.
-        return _NOTHING_TO_JUDGE[Status.OK if settings.update_baselines else Status.NEW]
+        return Verdict(Status.OK if settings.update_baselines else Status.NEW)
     found: list[Status] = []
     failures: list[str] = []
     notes: list[str] = []
@@ -97,13 +92,13 @@ def judge(
         failures.append(error)
     budgets = _check_budgets(record, marks, settings, found, failures, unchecked, unmeasured or {})
     notes += unchecked
-    verdict = Verdict(Status.OK, failures, notes, budgets, warnings=unchecked)
+    baseline = None
     if outcome is Outcome.PASSED and not settings.update_baselines:
-        _compare(record, marks, entry, settings, found, verdict)
-    verdict.status = min(found, key=lambda status: status.rank, default=Status.OK)
-    if verdict.status in (Status.OVER_BUDGET, Status.REGRESSION) and record.breakdown:
-        verdict.failures.insert(_last_figure_line(verdict.failures), _where(record, entry))
-    return verdict
+        baseline = _compare(record, marks, entry, settings, found, failures, notes)
+    status = min(found, key=lambda status: status.rank, default=Status.OK)
+    if status in (Status.OVER_BUDGET, Status.REGRESSION) and record.breakdown:
+        failures.insert(_last_figure_line(failures), _where(record, entry))
+    return Verdict(status, failures, notes, budgets, baseline, warnings=unchecked)
 
 
 def _last_figure_line(failures: list[str]) -> int:
@@ -174,19 +169,21 @@ def _compare(
     entry: Mapping[str, int] | None,
     settings: Settings,
     found: list[Status],
-    verdict: Verdict,
-) -> None:
+    failures: list[str],
+    notes: list[str],
+) -> dict[str, int] | None:
+    """Compare the record's figures with its baseline ``entry``; the entry compared with."""
     update = f"pytest --vram-update-baselines {record.nodeid}"
     if entry is None:
         found.append(Status.NEW)
         if settings.strict:
             found.append(Status.FAILED)
-            verdict.failures.append(
+            failures.append(
                 f"no baseline for {record.nodeid} on device {record.device!r} in "
                 f"{settings.baseline_dir} (--vram-strict); record one with {update}"
             )
-        return
-    verdict.baseline = dict(entry)
+        return None
+    baseline = dict(entry)
     tolerance = marks.tolerance or settings.tolerance
     changes = compare_with_entry(record.figures(), dict(entry), tolerance)
     hint = f"if this is intended, update the baseline: {update}"
@@ -194,12 +191,13 @@ def _compare(
     improvements = [change for change in changes if change.improved]
     if regressions:
         found.append(Status.REGRESSION)
-        verdict.failures += [f"memory regression: {_describe(c, record)}" for c in regressions]
-        verdict.failures.append(hint)
+        failures += [f"memory regression: {_describe(c, record)}" for c in regressions]
+        failures.append(hint)
     elif improvements:
         found.append(Status.IMPROVED)
-        verdict.notes += [f"improved: {_describe(c, record)}" for c in improvements]
-        verdict.notes.append(hint)
+        notes += [f"improved: {_describe(c, record)}" for c in improvements]
+        notes.append(hint)
+    return baseline
 
 
 def _describe(change: FigureChange, record: TestRecord) -> str:
@@ -208,7 +206,8 @@ def _describe(change: FigureChange, record: TestRecord) -> str:
     found = record.scenarios.get("max_size") if change.figure == "max_size" else None
     if not isinstance(found, dict):
         return change.describe()
-    from pytest_vram.fit.maxsize import at
+    # Here, not at the top: the fit package's face loads its search, which few runs need.
+    from pytest_vram.fit.wording import at
 
     return (
         f"largest {found.get('knob', 'size')} that fits {found.get('capacity_text', '?')}: "

@@ -47,8 +47,8 @@ def _one_counter_cache() -> Iterator[None]:
     if os.environ.get("PYTEST_VRAM_CACHE_DIR"):
         yield
         return
-    from pytest_vram.backends.cpu import allocator as cpu_allocator
+    from pytest_vram.backends.cpu import build as cpu_build
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTEST_VRAM_CACHE_DIR", str(cpu_allocator.cache_dir()))
+        patch.setenv("PYTEST_VRAM_CACHE_DIR", str(cpu_build.cache_dir()))
         yield

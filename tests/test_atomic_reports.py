@@ -225,7 +225,7 @@ from pathlib import Path
 
 from pytest_vram.options import Settings
 from pytest_vram.units import parse_tolerance
-from pytest_vram.writer import write_outputs
+from pytest_vram.report.outputs import write_outputs
 
 settings = Settings(
     report=False, backend="cpu", cpu_counter="auto", sim_capacity=None,

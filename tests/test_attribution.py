@@ -195,6 +195,7 @@ def test_cuda_leak_sites_come_from_the_allocators_history_fake(
     class FakeCuda:
         name = "cuda"
         device = torch.device("cuda", 0)
+        memory_history = True
 
     recorder = LeakSiteRecorder(FakeCuda())
     with recorder:

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_vram.baselines import BaselineFile, BaselineStore, locked
+from pytest_vram.baselines.file import BaselineFile
+from pytest_vram.baselines.locks import locked
+from pytest_vram.baselines.store import BaselineStore
+from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.records import TestRecord
-from pytest_vram.writer import BaselineWriter
 
 WRITERS = 4
 ROUNDS = 6
@@ -90,7 +92,7 @@ def test_concurrent_writers_lose_no_entry(tmp_path: Path) -> None:
 def test_the_lock_excludes_another_process(tmp_path: Path) -> None:
     path = tmp_path / "sim.yaml"
     probe = (
-        "import sys\nfrom pathlib import Path\nfrom pytest_vram.baselines import locked\n"
+        "import sys\nfrom pathlib import Path\nfrom pytest_vram.baselines.locks import locked\n"
         "try:\n    with locked(Path(sys.argv[1]), timeout=0.2):\n        pass\n"
         "except TimeoutError as exc:\n    print(exc)\n    sys.exit(3)\n"
     )

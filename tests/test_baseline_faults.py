@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vram.baselines import BaselineFile, BaselineFileError, BaselineStore
+from pytest_vram.baselines.errors import BaselineFileError
+from pytest_vram.baselines.file import BaselineFile
+from pytest_vram.baselines.store import BaselineStore
+from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.records import TestRecord as Record
-from pytest_vram.writer import BaselineWriter
 
 CPU = "--vram-backend=cpu"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -239,9 +241,9 @@ def test_a_file_broken_during_the_run_is_not_rewritten(
 KILLED_WRITER = """
 import os, sys, time
 from pathlib import Path
-from pytest_vram.baselines import BaselineStore
+from pytest_vram.baselines.store import BaselineStore
+from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.records import TestRecord
-from pytest_vram.writer import BaselineWriter
 
 directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
 

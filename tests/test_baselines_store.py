@@ -9,18 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_vram import baselines as baselines_module
-from pytest_vram.baselines import (
-    BaselineFile,
-    BaselineFileError,
-    BaselineStore,
-    FigureChange,
-    compare_with_entry,
-    file_name_for,
-)
+from pytest_vram.baselines import progress
+from pytest_vram.baselines.compare import FigureChange, compare_with_entry
+from pytest_vram.baselines.errors import BaselineFileError
+from pytest_vram.baselines.file import BaselineFile, read_careful, read_fast
+from pytest_vram.baselines.layout import END_LINE
+from pytest_vram.baselines.store import BaselineStore, file_name_for
+from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.records import TestRecord as Record
 from pytest_vram.units import parse_tolerance
-from pytest_vram.writer import BaselineWriter
 
 H100 = "NVIDIA H100 80GB HBM3"
 GiB = 1024**3
@@ -267,7 +264,7 @@ def test_failed_replace_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.M
     def replace(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(baselines_module.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
     changed = sample(path)
     changed.entries["tests/test_c.py::test_new"] = {"peak_allocated": 1}
     with pytest.raises(OSError, match="disk full"):
@@ -285,7 +282,7 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
     def fsync(fd: int) -> None:
         raise OSError("I/O error")
 
-    monkeypatch.setattr(baselines_module.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
     changed = sample(path)
     changed.entries.clear()
     with pytest.raises(OSError, match="I/O error"):
@@ -618,13 +615,9 @@ def odd_ids_sample(path: Path) -> BaselineFile:
 
 def test_dump_announces_and_ends_with_the_closing_line(tmp_path: Path) -> None:
     text = sample(tmp_path / "h100.yaml").dump()
-    assert baselines_module.END_LINE in text.splitlines()[2]
-    assert text.endswith(f"\n{baselines_module.END_LINE}\n")
-    assert (
-        BaselineFile(tmp_path / "cpu.yaml", "cpu")
-        .dump()
-        .endswith(f"tests: {{}}\n{baselines_module.END_LINE}\n")
-    )
+    assert END_LINE in text.splitlines()[2]
+    assert text.endswith(f"\n{END_LINE}\n")
+    assert BaselineFile(tmp_path / "cpu.yaml", "cpu").dump().endswith(f"tests: {{}}\n{END_LINE}\n")
 
 
 def test_dump_writes_what_libyaml_writes_for_the_document(tmp_path: Path) -> None:
@@ -646,7 +639,7 @@ def test_dump_writes_what_libyaml_writes_for_the_document(tmp_path: Path) -> Non
     text = baseline.dump()
     header, rest = text.split("device:", 1)
     assert header.count("\n") == 3
-    assert "device:" + rest == body + f"{baselines_module.END_LINE}\n"
+    assert "device:" + rest == body + f"{END_LINE}\n"
 
 
 def test_every_cut_point_of_a_file_is_an_error_or_loses_nothing(tmp_path: Path) -> None:
@@ -682,7 +675,7 @@ def test_a_cut_short_error_names_the_last_line(tmp_path: Path) -> None:
     with pytest.raises(BaselineFileError, match=rf"^{path}:9: baseline file cut short"):
         BaselineFile.read(path)
     with pytest.raises(BaselineFileError, match=rf"^{path}:9: baseline file cut short"):
-        baselines_module.read_careful(path)
+        read_careful(path)
 
 
 def test_a_file_with_windows_line_ends_is_whole_or_cut_short(tmp_path: Path) -> None:
@@ -719,7 +712,7 @@ def test_a_file_of_the_previous_version_loads_and_gets_the_closing_line(tmp_path
     path = tmp_path / "sim.yaml"
     path.write_text(OLD_FORMAT)
     loaded = BaselineFile.read(path)
-    assert baselines_module.read_fast(path) == loaded == baselines_module.read_careful(path)
+    assert read_fast(path) == loaded == read_careful(path)
     assert loaded.entries["suites/test_inference.py::test_decoding_does_not_leak"] == {
         "leak_growth": 0,
         "peak_allocated": 14441472,
@@ -729,7 +722,7 @@ def test_a_file_of_the_previous_version_loads_and_gets_the_closing_line(tmp_path
     writer.update([record("t.py::new", 5, backend="sim", device="sim")])
     assert writer.save().errors == []
     text = path.read_text()
-    assert text.endswith(f"\n{baselines_module.END_LINE}\n")
+    assert text.endswith(f"\n{END_LINE}\n")
     assert BaselineFile.read(path).entries == {**loaded.entries, "t.py::new": {"peak_allocated": 5}}
     # Cut short now, it is an error.
     path.write_text(text[: text.index("  t.py::new")])
@@ -744,9 +737,9 @@ def test_the_fast_reader_reads_odd_node_ids_as_the_careful_one(tmp_path: Path) -
     path = tmp_path / "nvidia-h100-80gb-hbm3.yaml"
     original = odd_ids_sample(path)
     original.write()
-    fast = baselines_module.read_fast(path)
+    fast = read_fast(path)
     assert fast is not None  # read fast, quoted ids and all
-    assert fast == baselines_module.read_careful(path) == BaselineFile.read(path)
+    assert fast == read_careful(path) == BaselineFile.read(path)
     assert fast.entries == original.entries
 
 
@@ -763,9 +756,9 @@ def test_the_fast_reader_reads_20000_entries_as_the_careful_one(tmp_path: Path) 
         baseline.entries[nodeid] = figures
     baseline.entries["tests/test_q.py::test_quoted[a: b]"] = {"idle": 7}
     baseline.write()
-    fast = baselines_module.read_fast(path)
+    fast = read_fast(path)
     assert fast is not None
-    assert fast == baselines_module.read_careful(path)
+    assert fast == read_careful(path)
     assert fast.entries == baseline.entries
 
 
@@ -803,9 +796,9 @@ def test_the_fast_reader_errs_or_agrees_with_the_careful_one_on_damaged_files(
                 lines.insert(rng.randrange(len(lines)), rng.choice(lines))
                 text = "".join(lines)
         path.write_text(text, encoding="utf-8")
-        careful = outcome(baselines_module.read_careful)
+        careful = outcome(read_careful)
         assert outcome(BaselineFile.read) == careful, text
-        assert outcome(baselines_module.read_fast) in (None, careful), text
+        assert outcome(read_fast) in (None, careful), text
 
 
 @pytest.mark.parametrize(
@@ -834,7 +827,7 @@ def test_a_slow_load_says_so_on_stderr(
     sample(path).write()
     BaselineFile.read(path)
     assert capsys.readouterr().err == ""  # quick: not a word
-    monkeypatch.setattr(baselines_module, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
     BaselineFile.read(path)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"pytest-vram: loading the baselines in {path} (")

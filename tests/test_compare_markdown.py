@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.cli import main
-from pytest_vram.junitfiles import compare_runs
 from pytest_vram.report.comparison import MARKER, render_comparison
+from pytest_vram.report.runcomparison import compare_runs
 
 # A table row's cell separators: pipes not escaped with a backslash.
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")

@@ -15,17 +15,18 @@ import torch
 
 from pytest_vram.backends import BackendUnavailable
 from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu import build as cpu_build
 from pytest_vram.backends.cpu.allocator import CounterUnavailable
 from pytest_vram.backends.cpu.backend import CpuBackend
 
 needs_compiler = pytest.mark.skipif(
-    cpu_allocator.find_compiler() is None, reason="no C++ compiler to build the counter"
+    cpu_build.find_compiler() is None, reason="no C++ compiler to build the counter"
 )
 
 
 @pytest.fixture
 def cpu() -> Iterator[CpuBackend]:
-    if cpu_allocator.find_compiler() is None:
+    if cpu_build.find_compiler() is None:
         pytest.skip("no C++ compiler to build the counter")
     backend = CpuBackend("allocator")
     backend.begin_test()
@@ -145,7 +146,7 @@ def test_a_fifth_counter_at_once_is_refused_with_a_clear_error() -> None:
 def fresh_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """As in a new process on a new machine: nothing loaded yet, an empty cache directory."""
     monkeypatch.setattr(cpu_allocator, "_library", None)
-    monkeypatch.setattr(cpu_allocator, "_cache_note", None)
+    monkeypatch.setattr(cpu_build, "_cache_note", None)
     monkeypatch.setattr(cpu_allocator, "_loaded_note", None)
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
@@ -155,9 +156,9 @@ def fresh_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_the_library_is_built_once_into_the_cache(
     fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = cpu_allocator.library_path()
+    path = cpu_build.library_path()
     assert path.parent == fresh_cache
-    stamp = cpu_allocator.stamp_path(path)
+    stamp = cpu_build.stamp_path(path)
     lock = fresh_cache / "cpu_allocator.lock"
     assert sorted(fresh_cache.iterdir()) == sorted([path, stamp, lock])  # no partial files
     # Loaded apart (never installed: the process has its counter already), it is whole.
@@ -167,17 +168,17 @@ def test_the_library_is_built_once_into_the_cache(
     def must_not_build(*args: object) -> None:
         raise AssertionError("built again although the cache has the library")
 
-    monkeypatch.setattr(cpu_allocator, "_build", must_not_build)
-    assert cpu_allocator.library_path() == path
+    monkeypatch.setattr(cpu_build, "_build", must_not_build)
+    assert cpu_build.library_path() == path
 
 
 # Builds the library twice; the test above builds it by default.
 @pytest.mark.slow
 @needs_compiler
 def test_a_cached_library_that_no_longer_loads_is_built_anew(fresh_cache: Path) -> None:
-    path = cpu_allocator.library_path()
+    path = cpu_build.library_path()
     path.write_bytes(b"not a shared library")
-    library, opened = cpu_allocator.open_library()
+    library, opened = cpu_build.open_library()
     assert opened == path
     assert library.pytest_vram_counter_layout() == 0  # loaded apart, never installed
     assert path.read_bytes() != b"not a shared library"
@@ -185,12 +186,12 @@ def test_a_cached_library_that_no_longer_loads_is_built_anew(fresh_cache: Path) 
 
 @needs_compiler
 def test_a_changed_source_gets_its_own_library() -> None:
-    compiler = cpu_allocator.find_compiler()
+    compiler = cpu_build.find_compiler()
     assert compiler is not None
-    source = cpu_allocator.SOURCE.read_bytes()
-    first = cpu_allocator._library_name(source, compiler)
-    assert cpu_allocator._library_name(source + b"\n// changed\n", compiler) != first
-    assert cpu_allocator._library_name(source, compiler) == first
+    source = cpu_build.SOURCE.read_bytes()
+    first = cpu_build._library_name(source, compiler)
+    assert cpu_build._library_name(source + b"\n// changed\n", compiler) != first
+    assert cpu_build._library_name(source, compiler) == first
 
 
 @needs_compiler
@@ -199,16 +200,16 @@ def test_a_build_error_names_the_compiler_and_the_error(
 ) -> None:
     broken = tmp_path / "cpu_allocator.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(cpu_allocator, "SOURCE", broken)
+    monkeypatch.setattr(cpu_build, "SOURCE", broken)
     with pytest.raises(CounterUnavailable, match=r"could not build cpu_allocator\.cpp: .*error"):
-        cpu_allocator.library_path()
+        cpu_build.library_path()
     assert not list(fresh_cache.glob("*.so"))  # nothing half-built is cached
 
 
 def test_without_a_compiler_auto_counts_from_python_and_says_why(
     fresh_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cpu_allocator, "find_compiler", lambda: None)
+    monkeypatch.setattr(cpu_build, "find_compiler", lambda: None)
     backend = CpuBackend("auto")
     assert backend.counter.name == "dispatch"
     assert backend.environment()["cpu_counter"] == "dispatch"

@@ -26,11 +26,12 @@ import pytest
 
 from pytest_vram.backends import BackendUnavailable
 from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu import build as cpu_build
 from pytest_vram.backends.cpu.allocator import CounterUnavailable
 from pytest_vram.backends.cpu.backend import CpuBackend
 
 pytestmark = pytest.mark.skipif(
-    cpu_allocator.find_compiler() is None, reason="no C++ compiler to build the counter"
+    cpu_build.find_compiler() is None, reason="no C++ compiler to build the counter"
 )
 
 NOBODY = 65534
@@ -40,23 +41,23 @@ CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
 
 
 def _key() -> str:
-    compiler = cpu_allocator.find_compiler()
+    compiler = cpu_build.find_compiler()
     assert compiler is not None
-    return cpu_allocator._build_key(cpu_allocator.SOURCE.read_bytes(), compiler)
+    return cpu_build._build_key(cpu_build.SOURCE.read_bytes(), compiler)
 
 
 def _name() -> str:
-    compiler = cpu_allocator.find_compiler()
+    compiler = cpu_build.find_compiler()
     assert compiler is not None
-    return cpu_allocator._library_name(cpu_allocator.SOURCE.read_bytes(), compiler)
+    return cpu_build._library_name(cpu_build.SOURCE.read_bytes(), compiler)
 
 
 @pytest.fixture(scope="module")
 def built() -> Path:
     """One library built for this torch, with its stamp, for tests to copy instead of building:
     the one in the session's cache (see conftest.py), built there once if it is not yet."""
-    path = cpu_allocator.library_path()
-    assert cpu_allocator.check_library(path, _key()) is None
+    path = cpu_build.library_path()
+    assert cpu_build.check_library(path, _key()) is None
     return path
 
 
@@ -66,7 +67,7 @@ def foreign_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("foreign")
     source = directory / "foreign.cpp"
     source.write_text('extern "C" int not_the_counter(void) { return 1; }\n')
-    compiler = cpu_allocator.find_compiler()
+    compiler = cpu_build.find_compiler()
     assert compiler is not None
     target = directory / "foreign.so"
     subprocess.run(
@@ -110,15 +111,15 @@ def _empty(path: Path, foreign: Path) -> None:
 
 
 def _stamp_removed(path: Path, foreign: Path) -> None:
-    cpu_allocator.stamp_path(path).unlink()
+    cpu_build.stamp_path(path).unlink()
 
 
 def _stamp_garbage(path: Path, foreign: Path) -> None:
-    cpu_allocator.stamp_path(path).write_text("{not json")
+    cpu_build.stamp_path(path).write_text("{not json")
 
 
 def _stamp_for_another_key(path: Path, foreign: Path) -> None:
-    stamp = cpu_allocator.stamp_path(path)
+    stamp = cpu_build.stamp_path(path)
     fields = json.loads(stamp.read_text())
     fields["key"] = "0" * 64
     stamp.write_text(json.dumps(fields))
@@ -127,7 +128,7 @@ def _stamp_for_another_key(path: Path, foreign: Path) -> None:
 def _foreign_with_a_matching_stamp_of_its_own(path: Path, foreign: Path) -> None:
     # Someone copied another library there and its size in: the sha256 still tells them apart.
     shutil.copyfile(foreign, path)
-    stamp = cpu_allocator.stamp_path(path)
+    stamp = cpu_build.stamp_path(path)
     fields = json.loads(stamp.read_text())
     fields["size"] = path.stat().st_size
     stamp.write_text(json.dumps(fields))
@@ -183,7 +184,7 @@ def _plant(path: Path, planted: Path) -> None:
     file's owner and who else can write it tell it apart from the library."""
     path.unlink(missing_ok=True)
     shutil.copy(planted, path)
-    stamp = cpu_allocator.stamp_path(path)
+    stamp = cpu_build.stamp_path(path)
     fields = json.loads(stamp.read_text())
     data = path.read_bytes()
     fields.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
@@ -195,7 +196,7 @@ def _seed_temporary_cache(built: Path) -> Path:
     good library already (so that no test here waits for a build)."""
     directory = Path(tempfile.gettempdir()) / f"pytest-vram-{os.geteuid()}"
     directory.mkdir(mode=0o700)
-    for source in (built, cpu_allocator.stamp_path(built)):
+    for source in (built, cpu_build.stamp_path(built)):
         shutil.copy2(source, directory / source.name)
     return directory
 
@@ -205,12 +206,12 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, built: Path) -> Path:
     """A cache holding a good library, nothing loaded yet, and a temporary directory of the
     test's own (for the fallback cache)."""
     monkeypatch.setattr(cpu_allocator, "_library", None)
-    monkeypatch.setattr(cpu_allocator, "_cache_note", None)  # restored after the test
+    monkeypatch.setattr(cpu_build, "_cache_note", None)  # restored after the test
     monkeypatch.setattr(cpu_allocator, "_loaded_note", None)
     directory = tmp_path / "cache"
     directory.mkdir()
     shutil.copy2(built, directory / built.name)
-    shutil.copy2(cpu_allocator.stamp_path(built), cpu_allocator.stamp_path(directory / built.name))
+    shutil.copy2(cpu_build.stamp_path(built), cpu_build.stamp_path(directory / built.name))
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(directory))
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -224,7 +225,7 @@ def checked_dlopen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     directory of mode 0700) of bytes checked against a stamp. A damaged library must never
     reach dlopen, where it could kill this process, and a swapped one must not either."""
     loaded: list[str] = []
-    real = cpu_allocator.ctypes.CDLL
+    real = cpu_build.ctypes.CDLL
 
     def cdll(name: str, *args: object, **kwargs: object) -> object:
         path = Path(name)
@@ -232,29 +233,29 @@ def checked_dlopen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             loaded.append(hashlib.sha256(path.read_bytes()).hexdigest())
         else:
             # The file itself, which can change after a check: at least it must pass one now.
-            assert cpu_allocator.check_library(path, _key()) is None, f"{path} loaded unchecked"
+            assert cpu_build.check_library(path, _key()) is None, f"{path} loaded unchecked"
             loaded.append(f"{path} itself, not a private copy")
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(cpu_allocator.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(cpu_build.ctypes, "CDLL", cdll)
     return loaded
 
 
 def _stamped_sha256(library: Path) -> str:
-    return json.loads(cpu_allocator.stamp_path(library).read_text())["sha256"]
+    return json.loads(cpu_build.stamp_path(library).read_text())["sha256"]
 
 
 # -- in this process ---------------------------------------------------------------------------
 
 
 def test_the_build_stamp_records_the_library_and_what_it_was_built_for(cache: Path) -> None:
-    path = cpu_allocator.library_path()
-    stamp = json.loads(cpu_allocator.stamp_path(path).read_text())
+    path = cpu_build.library_path()
+    stamp = json.loads(cpu_build.stamp_path(path).read_text())
     data = path.read_bytes()
     assert stamp["key"] == _key()
     assert stamp["size"] == len(data)
     assert stamp["sha256"] == hashlib.sha256(data).hexdigest()
-    assert cpu_allocator.check_library(path, _key()) is None
+    assert cpu_build.check_library(path, _key()) is None
     assert not list(cache.glob("*.tmp"))
 
 
@@ -265,7 +266,7 @@ def test_a_damaged_library_fails_its_stamp_check_with_the_reason(
     path = cache / _name()
     spoil, reason = DAMAGES[damage]
     spoil(path, foreign_library)
-    assert reason in (cpu_allocator.check_library(path, _key()) or "")
+    assert reason in (cpu_build.check_library(path, _key()) or "")
 
 
 # Each rebuild compiles the library (seconds). By default the check above tells each damage
@@ -279,13 +280,13 @@ def test_a_library_that_fails_its_stamp_is_rebuilt_not_loaded(
     path = cache / _name()
     spoil, reason = DAMAGES[damage]
     spoil(path, foreign_library)
-    assert reason in (cpu_allocator.check_library(path, _key()) or "")
-    library, opened = cpu_allocator.open_library()
+    assert reason in (cpu_build.check_library(path, _key()) or "")
+    library, opened = cpu_build.open_library()
     assert opened == path and checked_dlopen == [_stamped_sha256(path)]
     assert library.pytest_vram_counter_layout() == 0  # loaded apart, never installed
-    assert cpu_allocator.check_library(path, _key()) is None
+    assert cpu_build.check_library(path, _key()) is None
     assert not list(cache.glob("*.tmp"))
-    assert cpu_allocator._cache_note is None  # the cache itself was fine
+    assert cpu_build._cache_note is None  # the cache itself was fine
 
 
 @pytest.mark.slow  # builds the library
@@ -293,14 +294,14 @@ def test_a_rebuild_replaces_the_file_and_never_writes_into_the_old_one(cache: Pa
     # A process that has the old library mapped would die of SIGBUS if its pages changed.
     path = cache / _name()
     before = path.read_bytes()
-    cpu_allocator.stamp_path(path).unlink()
+    cpu_build.stamp_path(path).unlink()
     with path.open("rb") as old:
         old_inode = os.fstat(old.fileno()).st_ino
-        cpu_allocator.library_path()
+        cpu_build.library_path()
         assert os.fstat(old.fileno()).st_nlink == 0  # renamed over, not rewritten
         assert old.read() == before
     assert path.stat().st_ino != old_inode
-    assert cpu_allocator.check_library(path, _key()) is None
+    assert cpu_build.check_library(path, _key()) is None
 
 
 def test_a_missing_symbol_is_a_counter_unavailable_not_an_attribute_error(
@@ -308,7 +309,7 @@ def test_a_missing_symbol_is_a_counter_unavailable_not_an_attribute_error(
 ) -> None:
     # Were a foreign library ever loaded (say a stamp forged to match it), say so plainly.
     monkeypatch.setattr(
-        cpu_allocator,
+        cpu_build,
         "_find_library",
         lambda: (foreign_library, foreign_library.read_bytes()),
     )
@@ -328,11 +329,11 @@ def test_a_cache_dir_that_is_a_file_builds_into_the_temporary_cache(
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(blocked))
-    path = cpu_allocator.library_path()
+    path = cpu_build.library_path()
     assert path.parent == Path(tempfile.gettempdir()) / f"pytest-vram-{os.geteuid()}"
-    assert cpu_allocator.check_library(path, _key()) is None
+    assert cpu_build.check_library(path, _key()) is None
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    note = cpu_allocator._cache_note or ""
+    note = cpu_build._cache_note or ""
     assert f"{blocked} is a file, not a directory" in note
     assert "built into" in note and str(path.parent) in note
     assert blocked.read_text() == "not a directory"
@@ -345,9 +346,9 @@ def test_a_cache_dir_under_a_file_builds_into_the_temporary_cache(
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(blocked / "cache"))
-    path = cpu_allocator.library_path()
+    path = cpu_build.library_path()
     assert path.parent.name == f"pytest-vram-{os.geteuid()}"
-    note = cpu_allocator._cache_note or ""
+    note = cpu_build._cache_note or ""
     assert "Not a directory" in note
 
 
@@ -358,9 +359,9 @@ def test_a_read_only_cache_with_a_good_library_is_used_as_it_is(
     def no_writes(*args: object, **kwargs: object) -> None:
         raise AssertionError("wrote to a cache that has a good library")
 
-    monkeypatch.setattr(cpu_allocator, "_build_lock", no_writes)
-    assert cpu_allocator.library_path() == cache / _name()
-    assert cpu_allocator._cache_note is None
+    monkeypatch.setattr(cpu_build, "_build_lock", no_writes)
+    assert cpu_build.library_path() == cache / _name()
+    assert cpu_build._cache_note is None
 
 
 def test_a_temporary_cache_that_others_can_write_is_not_used(
@@ -373,7 +374,7 @@ def test_a_temporary_cache_that_others_can_write_is_not_used(
     shared.mkdir()
     shared.chmod(0o777)  # mkdir's mode is masked; chmod's is not
     with pytest.raises(CounterUnavailable, match="can be written by other users"):
-        cpu_allocator.library_path()
+        cpu_build.library_path()
     assert list(shared.iterdir()) == []
 
 
@@ -388,7 +389,7 @@ def test_a_temporary_cache_of_another_user_is_not_used(
     theirs.mkdir(mode=0o700)
     os.chown(theirs, NOBODY, NOBODY)
     with pytest.raises(CounterUnavailable, match="not a directory of this user's"):
-        cpu_allocator.library_path()
+        cpu_build.library_path()
 
 
 def test_with_no_cache_to_build_into_auto_counts_from_python_and_names_the_problem(
@@ -399,7 +400,7 @@ def test_with_no_cache_to_build_into_auto_counts_from_python_and_names_the_probl
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(blocked))
     monkeypatch.setattr(tempfile, "tempdir", str(blocked))  # the temporary directory too
     with pytest.raises(CounterUnavailable) as info:
-        cpu_allocator.library_path()
+        cpu_build.library_path()
     message = str(info.value)
     assert f"{blocked} is a file, not a directory" in message
     assert f"cannot create {blocked}/pytest-vram-" in message
@@ -429,7 +430,7 @@ def _group_writable_library(library: Path) -> str:
 
 
 def _world_writable_stamp(library: Path) -> str:
-    stamp = cpu_allocator.stamp_path(library)
+    stamp = cpu_build.stamp_path(library)
     stamp.chmod(0o666)
     return f"{stamp} is mode 0666: other users can write it"
 
@@ -454,7 +455,7 @@ def _library_of_another_user(library: Path) -> str:
 
 
 def _stamp_of_another_user(library: Path) -> str:
-    stamp = cpu_allocator.stamp_path(library)
+    stamp = cpu_build.stamp_path(library)
     os.chown(stamp, NOBODY, NOBODY)
     return f"{stamp} belongs to uid {NOBODY}, and this process runs as uid {os.geteuid()}"
 
@@ -486,12 +487,12 @@ def test_a_library_another_user_could_have_planted_is_never_loaded(
     before = {entry.name: entry.read_bytes() for entry in cache.iterdir()}
     fallback = _seed_temporary_cache(built)
 
-    library, opened = cpu_allocator.open_library()
+    library, opened = cpu_build.open_library()
     assert not marker.exists(), "the planted library's constructor ran"
     assert opened == fallback / _name()
     assert library.pytest_vram_counter_layout() == 0  # the real counter, loaded apart
     assert checked_dlopen == [_stamped_sha256(built)]
-    note = cpu_allocator._cache_note or ""
+    note = cpu_build._cache_note or ""
     assert f"the cpu counter's cache {cache} is not usable ({reason}); " in note
     assert f"it was built into {fallback} instead" in note
     # Refused, not rebuilt: nothing is written into a cache another user could write.
@@ -508,15 +509,15 @@ def test_the_library_loaded_is_the_file_that_was_checked(
     planted_library, marker = planted
     path = cache / _name()
     genuine = _stamped_sha256(path)
-    real = cpu_allocator._verified
+    real = cpu_build._verified
 
     def then_swap(library: Path, key: str) -> bytes:
         data = real(library, key)
         _plant(library, planted_library)
         return data
 
-    monkeypatch.setattr(cpu_allocator, "_verified", then_swap)
-    library, opened = cpu_allocator.open_library()
+    monkeypatch.setattr(cpu_build, "_verified", then_swap)
+    library, opened = cpu_build.open_library()
     assert not marker.exists(), "the swapped-in library's constructor ran"
     assert opened == path
     assert library.pytest_vram_counter_layout() == 0
@@ -529,15 +530,15 @@ def test_a_good_library_is_loaded_from_the_cache_and_reused(
     def must_not_build(*args: object) -> None:
         raise AssertionError("built again although the cache has a good library")
 
-    monkeypatch.setattr(cpu_allocator, "_build", must_not_build)
+    monkeypatch.setattr(cpu_build, "_build", must_not_build)
     path = cache / _name()
     before = sorted(cache.iterdir())
     for _ in range(2):
-        library, opened = cpu_allocator.open_library()
+        library, opened = cpu_build.open_library()
         assert opened == path
         assert library.pytest_vram_counter_layout() == 0
     assert checked_dlopen == [_stamped_sha256(path)] * 2
-    assert cpu_allocator._cache_note is None
+    assert cpu_build._cache_note is None
     assert sorted(cache.iterdir()) == before  # the private copies it loaded are gone
 
 
@@ -551,14 +552,14 @@ def test_a_cache_made_under_a_umask_that_lets_the_group_write_is_not_refused(
     monkeypatch.setenv("PYTEST_VRAM_CACHE_DIR", str(fresh))
     umask = os.umask(0o002)
     try:
-        path = cpu_allocator.library_path()
+        path = cpu_build.library_path()
     finally:
         os.umask(umask)
     assert path.parent == fresh
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o755
-    assert cpu_allocator.check_library(path, _key()) is None
-    assert cpu_allocator._cache_note is None
-    assert cpu_allocator.library_path() == path and cpu_allocator._cache_note is None
+    assert cpu_build.check_library(path, _key()) is None
+    assert cpu_build._cache_note is None
+    assert cpu_build.library_path() == path and cpu_build._cache_note is None
 
 
 # -- in a subprocess: pytest itself, as a user runs it -------------------------------------------
@@ -627,7 +628,7 @@ def test_pytest_with_a_damaged_cached_library_rebuilds_it_and_passes(
         assert done.returncode == 0, output
         assert "1 passed" in output and "1.00 KiB" in output
         assert "pytest-vram:" not in output  # no note: the cache was rebuilt where it is
-        assert cpu_allocator.check_library(path, _key()) is None
+        assert cpu_build.check_library(path, _key()) is None
 
 
 @pytest.mark.slow
@@ -709,7 +710,7 @@ def read_only_cache(tmp_path: Path, built: Path, foreign_library: Path) -> Itera
     directory = tmp_path / "read-only"
     directory.mkdir()
     shutil.copy2(built, directory / built.name)
-    shutil.copy2(cpu_allocator.stamp_path(built), cpu_allocator.stamp_path(directory / built.name))
+    shutil.copy2(cpu_build.stamp_path(built), cpu_build.stamp_path(directory / built.name))
     _truncate(directory / built.name, foreign_library)
     for path in [*directory.iterdir(), directory]:
         path.chmod(0o555 if path.is_dir() else 0o444)
@@ -735,7 +736,7 @@ def test_pytest_with_a_read_only_cache_builds_into_the_temporary_cache(
     assert f"cannot write to {read_only_cache} (Permission denied)" in output
     built_into = temp / f"pytest-vram-{os.geteuid()}"
     assert f"it was built into {built_into} instead" in output
-    assert cpu_allocator.check_library(built_into / _name(), _key()) is None
+    assert cpu_build.check_library(built_into / _name(), _key()) is None
     assert {path.name: path.read_bytes() for path in read_only_cache.iterdir()} == before
 
     # The next run loads what it built there, without building again: that cache is
@@ -789,11 +790,11 @@ def test_processes_that_find_the_cache_empty_together_build_it_once(tmp_path: Pa
     cache = tmp_path / "cache"
     script = (
         "import sys\n"
-        "from pytest_vram.backends.cpu import allocator as cpu_allocator\n"
+        "from pytest_vram.backends.cpu import build as cpu_build\n"
         "builds = []\n"
-        "real = cpu_allocator._build\n"
-        "cpu_allocator._build = lambda *a: (builds.append(1), real(*a))\n"
-        "path = cpu_allocator.library_path()\n"
+        "real = cpu_build._build\n"
+        "cpu_build._build = lambda *a: (builds.append(1), real(*a))\n"
+        "path = cpu_build.library_path()\n"
         "print(len(builds), path)\n"
     )
     env = {**os.environ, "PYTEST_VRAM_CACHE_DIR": str(cache)}
@@ -805,5 +806,5 @@ def test_processes_that_find_the_cache_empty_together_build_it_once(tmp_path: Pa
     assert all(run.returncode == 0 for run in runs)
     assert sorted(int(builds) for builds, _ in outputs) == [0, 0, 1]
     assert {path for _, path in outputs} == {str(cache / _name())}
-    assert cpu_allocator.check_library(cache / _name(), _key()) is None
+    assert cpu_build.check_library(cache / _name(), _key()) is None
     assert sorted(path.suffix for path in cache.iterdir()) == [".lock", ".so", ".stamp"]

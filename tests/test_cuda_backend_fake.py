@@ -30,12 +30,12 @@ from fake_gpu import (
     sampler_threads,
 )
 
-from pytest_vram import snapshots
 from pytest_vram.backends import create_backend
 from pytest_vram.backends.base import BackendUnavailable
 from pytest_vram.backends.cuda import nvml
-from pytest_vram.backends.cuda.backend import CudaBackend, context_lost
-from pytest_vram.backends.cuda.sampler import SourceUnavailable, open_device_sampler
+from pytest_vram.backends.cuda.backend import CudaBackend, context_lost, open_device_sampler
+from pytest_vram.backends.cuda.history import history_recording
+from pytest_vram.backends.cuda.source import SourceUnavailable
 from pytest_vram.measurement import TestMeasurement
 from pytest_vram.snapshots import SnapshotRecorder
 
@@ -783,7 +783,7 @@ def test_fake_cuda_snapshot_history_stops_at_the_sessions_end(
     finally:
         backend.close()  # the pool closes its backends when the session ends
     assert fake_cuda.recording is None
-    assert not snapshots.history_recording()
+    assert not history_recording()
 
 
 def test_fake_cuda_snapshot_history_cleared_on_a_torch_without_clear_history(

@@ -18,7 +18,7 @@ from fake_gpu import FakeAllocator, FakeAmdSmi, FakeNvml, GiB, MiB, gpu, sampler
 from pytest_vram.backends.base import BackendUnavailable
 from pytest_vram.backends.cuda import amdsmi as amdsmi_source
 from pytest_vram.backends.cuda.backend import CudaBackend, worker_device_index
-from pytest_vram.backends.cuda.sampler import SourceUnavailable
+from pytest_vram.backends.cuda.source import SourceUnavailable
 
 pytest_plugins = ["fake_gpu_fixtures"]
 

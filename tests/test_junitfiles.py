@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_vram.cli import main
-from pytest_vram.junitfiles import compare_runs, read_junit, read_memory_table
+from pytest_vram.report.junitfile import read_junit, read_memory_table
+from pytest_vram.report.runcomparison import compare_runs
 from pytest_vram.units import SizeError
 
 DATA = Path(__file__).parent / "data" / "junit"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.baselines import compare_with_entry
+from pytest_vram.baselines.compare import compare_with_entry
 from pytest_vram.fit import largest, max_size
 from pytest_vram.fit.sweep import sweep
 from pytest_vram.fit.trials import SimTrials
@@ -251,7 +251,7 @@ def test_a_second_search_in_one_test_is_a_usage_error(pytester: pytest.Pytester)
 
 
 def test_the_ranks_largest_size_is_the_smallest_any_rank_fits() -> None:
-    from pytest_vram.distributed import rank_figures
+    from pytest_vram.figures import rank_figures
 
     ranks = [
         {"rank": 0, "figures": {"peak_allocated": 10, "max_size": 12}},

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-import pytest_vram.measurement as measurement_module
+import pytest_vram.garbage as garbage_module
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.handle import VramHandle
@@ -52,7 +52,7 @@ def gc_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(generation)
         return gc.collect(generation)
 
-    monkeypatch.setattr(measurement_module, "gc", SimpleNamespace(collect=collect))
+    monkeypatch.setattr(garbage_module, "gc", SimpleNamespace(collect=collect))
     return calls
 
 
@@ -314,8 +314,8 @@ def test_a_real_leftover_survives_collection(
 
 
 @pytest.fixture
-def old_garbage() -> Iterator[measurement_module.OldGarbage]:
-    old = measurement_module.OldGarbage()
+def old_garbage() -> Iterator[garbage_module.OldGarbage]:
+    old = garbage_module.OldGarbage()
     old.watch()
     try:
         yield old
@@ -323,9 +323,9 @@ def old_garbage() -> Iterator[measurement_module.OldGarbage]:
         old.unwatch()
 
 
-@pytest.mark.skipif(not measurement_module._GENERATIONAL, reason="a generational collector")
+@pytest.mark.skipif(not garbage_module._GENERATIONAL, reason="a generational collector")
 def test_after_a_full_collection_only_a_let_go_makes_the_next_one_full(
-    backend: CpuBackend, old_garbage: measurement_module.OldGarbage, no_automatic_gc: None
+    backend: CpuBackend, old_garbage: garbage_module.OldGarbage, no_automatic_gc: None
 ) -> None:
     m = TestMeasurement(backend, "t.py::test")
     m.begin()
@@ -336,16 +336,16 @@ def test_after_a_full_collection_only_a_let_go_makes_the_next_one_full(
     old_garbage.collect_young()
     assert not old_garbage.possible
     holder.clear()  # garbage where only a full collection looks, let go without a word
-    assert measurement_module.collect_garbage(backend, 0, old_garbage) == 4 * KiB
+    assert garbage_module.collect_garbage(backend, 0, old_garbage) == 4 * KiB
     old_garbage.let_go()  # a broader-scoped fixture's finaliser, or a failed test's exception
-    assert measurement_module.collect_garbage(backend, 0, old_garbage) == 0
+    assert garbage_module.collect_garbage(backend, 0, old_garbage) == 0
     assert not old_garbage.possible
     m.end()
 
 
-@pytest.mark.skipif(not measurement_module._GENERATIONAL, reason="a generational collector")
+@pytest.mark.skipif(not garbage_module._GENERATIONAL, reason="a generational collector")
 def test_an_automatic_collection_of_generation_1_makes_the_next_one_full(
-    old_garbage: measurement_module.OldGarbage,
+    old_garbage: garbage_module.OldGarbage,
 ) -> None:
     gc.collect()
     assert not old_garbage.possible
@@ -356,7 +356,7 @@ def test_an_automatic_collection_of_generation_1_makes_the_next_one_full(
 
 
 def test_a_full_collection_after_an_import_freezes_what_survives_it(
-    old_garbage: measurement_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
+    old_garbage: garbage_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frozen = gc.get_freeze_count()
     kept = [[] for _ in range(1000)]  # tracked by the collector, as objects() are not
@@ -385,7 +385,7 @@ def test_a_full_collection_after_an_import_freezes_what_survives_it(
 
 
 def test_a_fixture_frozen_by_a_full_collection_is_thawed_when_it_ends(
-    old_garbage: measurement_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
+    old_garbage: garbage_module.OldGarbage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made_at = old_garbage.freezes
     fixture_value = [Cycle(None)]  # alive at the full collection after an import

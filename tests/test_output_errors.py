@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
-from pytest_vram.baselines import BaselineStore
+from pytest_vram.baselines.store import BaselineStore
+from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.options import Settings
+from pytest_vram.preflight import preflight_problems
 from pytest_vram.records import TestRecord
+from pytest_vram.report.outputs import write_outputs
 from pytest_vram.units import parse_tolerance
-from pytest_vram.writer import BaselineWriter, Written, preflight_problems, write_outputs
+from pytest_vram.written import Written
 
 CPU = "--vram-backend=cpu"
 TESTS = "import torch\n\ndef test_a(vram):\n    x = torch.ones(1024)\n"

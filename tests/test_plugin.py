@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_vram.backends.cpu.allocator import find_compiler
+from pytest_vram.backends.cpu.build import find_compiler
 
 CPU = "--vram-backend=cpu"
 
@@ -577,10 +577,10 @@ def test_a_finished_test_lets_go_of_what_measured_it(pytester: pytest.Pytester) 
     )
     result = pytester.runpytest_subprocess(CPU, "--vram-report", "-s", "-p", "no:randomly")
     result.assert_outcomes(passed=31)
-    # Left: one view for all the tests without broader-scoped fixtures, and the two verdicts
-    # of a test with nothing to judge (new, or ok under --vram-update-baselines), shared.
+    # Left: one view for all the tests without broader-scoped fixtures; no passed test's
+    # verdict.
     result.stdout.fnmatch_lines(
-        ["ALIVE [[]('OwnView', 1), ('TestMeasurement', 0), ('Verdict', 2)[]]"]
+        ["ALIVE [[]('OwnView', 1), ('TestMeasurement', 0), ('Verdict', 0)[]]"]
     )
     # Each test's figures are still its own.
     result.stdout.fnmatch_lines(["*::test_small[[]0[]] * cpu * 256 B * 256 B *0 B*new"])

@@ -15,7 +15,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from pytest_vram.report.html import MAX_BARS, _size_ticks, render_html
+from pytest_vram.report.html import MAX_BARS, render_html
+from pytest_vram.report.svg import size_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -231,7 +232,7 @@ def test_empty_and_sparse_documents() -> None:
     ],
 )
 def test_ticks_cover_the_range_with_distinct_labels(lo: int, hi: int) -> None:
-    ticks, offset = _size_ticks(lo, hi)
+    ticks, offset = size_ticks(lo, hi)
     positions = [position for position, _ in ticks]
     labels = [label for _, label in ticks]
     assert positions[0] <= lo and positions[-1] >= hi

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from pytest_vram.backends import create_backend
 from pytest_vram.backends.sim.backend import UNLIMITED_TOTAL, SimBackend
-from pytest_vram.backends.sim.fakecuda import DEVICE_NAME
+from pytest_vram.backends.sim.torchcuda import DEVICE_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 from gpt import GPT, GPTConfig, training_step
@@ -755,10 +755,10 @@ def test_torch_compile_runs_eagerly_with_the_eager_figures(use_values: bool) -> 
 def test_computing_beyond_the_host_memory_fails_with_the_way_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pytest_vram.backends.sim import backend as sim_module
+    from pytest_vram.backends.sim import hostmemory
 
-    monkeypatch.setattr(sim_module, "available_host_memory", lambda: 1 * GiB)
-    monkeypatch.setattr(sim_module, "_data_size", lambda: None)  # the tracker's check alone
+    monkeypatch.setattr(hostmemory, "available_host_memory", lambda: 1 * GiB)
+    monkeypatch.setattr(hostmemory, "_data_size", lambda: None)  # the tracker's check alone
     backend = SimBackend()
     backend.use_values(True, reason="assert torch.isfinite(loss)")
     with computing(backend):
@@ -775,9 +775,9 @@ def test_computing_beyond_the_host_memory_fails_with_the_way_out(
 
 
 def test_computing_on_a_guess_holds_its_budget_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_vram.backends.sim import backend as sim_module
+    from pytest_vram.backends.sim import hostmemory
 
-    monkeypatch.setattr(sim_module, "GUESS_BUDGET", 64 * MiB)
+    monkeypatch.setattr(hostmemory, "GUESS_BUDGET", 64 * MiB)
     backend = SimBackend()
     backend.use_values(True, guess=True)
     with computing(backend):
@@ -798,7 +798,7 @@ def test_computing_on_a_guess_holds_its_budget_at_most(monkeypatch: pytest.Monke
 def test_a_kernel_cannot_take_more_than_the_host_has() -> None:
     import resource
 
-    from pytest_vram.backends.sim.backend import available_host_memory
+    from pytest_vram.backends.sim.hostmemory import available_host_memory
 
     before = resource.getrlimit(resource.RLIMIT_DATA)
     available = available_host_memory()

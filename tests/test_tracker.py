@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -220,3 +222,25 @@ def test_outputs_that_are_not_tensors_are_ignored() -> None:
     assert tracker.current == 16 + 32
     del x, y
     assert tracker.current == 0
+
+
+def test_the_tracker_needs_no_simulated_device() -> None:
+    # The cpu backend and attribution count with it: importing it leaves the sim wing unloaded.
+    code = (
+        "import sys, pytest_vram.backends.tracker; "
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_vram.backends.sim')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_gradient_from_two_places_is_summed_in_place() -> None:
+    # The autograd engine sums w's two gradients in place on CUDA; the tracker's record of the
+    # first would make it sum out of place, a third gradient-sized buffer.
+    w = torch.ones(256, requires_grad=True)
+    tracker = StorageTracker(counts=_on_cpu, count_unseen_aliases=False)
+    with tracker.mode:
+        ((w * 2).sum() + (w * 3).sum()).backward()
+        assert tracker.peak < 3 * 1024
+    assert w.grad is not None
+    assert torch.equal(w.grad, torch.full((256,), 5.0))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.cpu import build as cpu_build
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.measurement import TestMeasurement
 
@@ -17,7 +17,7 @@ COUNTERS = ["allocator", "dispatch"]
 
 def open_backend(counter: str) -> CpuBackend:
     """A cpu backend with ``counter``; skip the allocator counter only where no compiler is."""
-    if counter == "allocator" and cpu_allocator.find_compiler() is None:
+    if counter == "allocator" and cpu_build.find_compiler() is None:
         pytest.skip("no C++ compiler here to build the allocator counter")
     backend = CpuBackend(counter)
     assert backend.counter.name == counter

@@ -22,14 +22,16 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pytest_vram.figures import CATEGORIES, category_figures, entry_categories
 from pytest_vram.units import format_delta, format_size
 
 if TYPE_CHECKING:
     from pytest_vram.backends.tracker import StorageTracker
 
+# The category names and the figures an entry keeps of them belong to pytest_vram.figures;
+# category_figures and entry_categories are handed on for the callers that import them here.
 __all__ = [
     "CATEGORIES",
-    "FIGURE_PREFIX",
     "PeakBreakdown",
     "category_figures",
     "describe_breakdown",
@@ -37,9 +39,6 @@ __all__ = [
     "entry_categories",
 ]
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
-#: Baseline entries keep the category totals at the peak as ``peak_<category>``.
-FIGURE_PREFIX = "peak_"
 #: How many modules a breakdown lists.
 MODULES_SHOWN = 8
 
@@ -47,26 +46,6 @@ _FORWARD, _OPTIMIZER, _OUTSIDE = 1, 2, 0
 # Where a broader-scoped fixture made in the test's setup allocated: classified as memory held
 # from before the test is, since a later test that uses the fixture finds it so.
 _HELD: tuple[int | None, str | None] = (None, None)
-
-
-def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:
-    """The baseline figures of a breakdown: ``peak_parameters`` and so on."""
-    if not breakdown:
-        return {}
-    categories = breakdown.get("categories") or {}
-    return {f"{FIGURE_PREFIX}{name}": int(categories.get(name, 0)) for name in CATEGORIES}
-
-
-def entry_categories(entry: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """The category totals a baseline entry stores, None for an entry without them."""
-    if not entry:
-        return None
-    found = {
-        name: int(entry[f"{FIGURE_PREFIX}{name}"])
-        for name in CATEGORIES
-        if f"{FIGURE_PREFIX}{name}" in entry
-    }
-    return found or None
 
 
 def describe_growth(current: Mapping[str, int], baseline: Mapping[str, int]) -> str:

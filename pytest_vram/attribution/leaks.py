@@ -14,11 +14,15 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_vram.attribution.frames import Site, format_site, is_user_file, user_frames
-from pytest_vram.attribution.sources import TrackerSource, unwrap
+from pytest_vram.attribution.callsites import Site, format_site, is_user_file, user_frames
+from pytest_vram.attribution.sources import TrackerSource
+from pytest_vram.backends.cuda.history import history_recording, resume_history
 from pytest_vram.units import format_size
+
+if TYPE_CHECKING:
+    from pytest_vram.backends.base import Backend
 
 __all__ = ["LeakSite", "LeakSiteRecorder", "describe_sites", "record_leak_sites"]
 
@@ -89,13 +93,14 @@ class LeakSiteRecorder:
     """Records allocation sites between :meth:`start` and :meth:`stop`; :meth:`next_step`
     marks where each step begins. ``sites`` is the result, largest first."""
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = unwrap(backend)
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         self.sites: list[LeakSite] = []
         self.steps = 0
         self._source: TrackerSource | None = None
         self._alive: dict[int, list[Any]] = {}
-        self._cuda = self.backend.name == "cuda"
+        #: Whether the allocator's own history is read (cuda), not a tracker listened to.
+        self._history = backend.memory_history
         self._step_started_us = 0
         self._history_was_on = False
 
@@ -116,8 +121,8 @@ class LeakSiteRecorder:
     # -- the recording --------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._cuda:
-            self._start_cuda()
+        if self._history:
+            self._start_history()
             return
         self._source = TrackerSource(self.backend)
         tracker = self._source.open()
@@ -126,12 +131,12 @@ class LeakSiteRecorder:
 
     def next_step(self) -> None:
         self.steps += 1
-        if self._cuda:
+        if self._history:
             self._step_started_us = time.time_ns() // 1000
 
     def stop(self) -> None:
-        if self._cuda:
-            self.sites = self._stop_cuda()
+        if self._history:
+            self.sites = self._stop_history()
             return
         source, self._source = self._source, None
         if source is None or source.tracker is None:
@@ -154,30 +159,27 @@ class LeakSiteRecorder:
 
     # -- cuda: the allocator's own history ------------------------------------------------
 
-    def _start_cuda(self) -> None:
+    def _start_history(self) -> None:
         import torch
 
-        from pytest_vram import snapshots
-
-        self._history_was_on = snapshots.history_recording()
+        self._history_was_on = history_recording()
         torch.cuda.memory._record_memory_history(
             max_entries=_CUDA_MAX_ENTRIES, context="alloc", stacks="python"
         )
 
-    def _stop_cuda(self) -> list[LeakSite]:
+    def _stop_history(self) -> list[LeakSite]:
         import torch
-
-        from pytest_vram import snapshots
 
         try:
             snapshot = torch.cuda.memory._snapshot()
         finally:
             if self._history_was_on:
-                snapshots.resume_history()
+                resume_history()
             else:
                 torch.cuda.memory._record_memory_history(enabled=None)
-        device = getattr(getattr(self.backend, "device", None), "index", None)
-        return _group(survivors_in_snapshot(snapshot, device, self._step_started_us))
+        return _group(
+            survivors_in_snapshot(snapshot, self.backend.device.index, self._step_started_us)
+        )
 
 
 def survivors_in_snapshot(
@@ -217,8 +219,11 @@ def survivors_in_snapshot(
 
 
 def record_leak_sites(probe: Any) -> LeakSiteRecorder | None:
-    """A recorder for the backend behind a leak check's probe, None when there is none."""
-    backend = getattr(probe, "backend", None)
-    if backend is None or getattr(unwrap(backend), "name", None) not in ("sim", "cpu", "cuda"):
+    """A recorder for the backend behind a leak check's probe (a test's measurement), None
+    when there is none or it sees no allocation's site."""
+    backend = getattr(probe, "backend", None)  # a bare probe, in a unit test, has none
+    if backend is None:
+        return None
+    if not (backend.memory_history or TrackerSource(backend).available):
         return None
     return LeakSiteRecorder(backend)

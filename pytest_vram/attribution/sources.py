@@ -8,55 +8,42 @@ a light dispatch mode of its own while it records (only then: it costs every op 
 
 from __future__ import annotations
 
-import operator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch only once attribution runs
     from pytest_vram.backends.base import Backend
     from pytest_vram.backends.tracker import StorageTracker
 
-__all__ = ["TrackerSource", "unwrap"]
-
-_is_cpu = operator.attrgetter("is_cpu")
-_is_cuda = operator.attrgetter("is_cuda")
-
-
-def unwrap(backend: Any) -> Backend:
-    """The backend behind a test's own view of it."""
-    return getattr(backend, "_backend", backend)
+__all__ = ["TrackerSource"]
 
 
 class TrackerSource:
-    """The tracker that sees ``backend``'s allocations, while :meth:`open` to :meth:`close`."""
+    """The tracker that sees ``backend``'s allocations, while :meth:`open` to :meth:`close`.
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = unwrap(backend)
+    ``backend`` may be a test's view of a backend: each ability it asks passes through.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         self.tracker: StorageTracker | None = None
         self._pushed = False
 
     @property
-    def own_tracker(self) -> StorageTracker | None:
-        """The backend's own tracker, when it counts with one."""
-        from pytest_vram.backends.tracker import StorageTracker
-
-        tracker = getattr(self.backend, "tracker", None)
-        if isinstance(tracker, StorageTracker):
-            return tracker
-        counter = getattr(self.backend, "counter", None)
-        tracker = getattr(counter, "tracker", None)
-        return tracker if isinstance(tracker, StorageTracker) else None
+    def available(self) -> bool:
+        """Whether :meth:`open` finds a tracker: the backend's own, or one it can push."""
+        backend = self.backend
+        return backend.tracker is not None or backend.attribution_filter is not None
 
     def open(self) -> StorageTracker | None:
         if self.tracker is not None:
             return self.tracker
-        tracker = self.own_tracker
+        tracker = self.backend.tracker
         if tracker is None:
-            name = self.backend.name
-            if name not in ("cpu", "cuda"):
+            counts = self.backend.attribution_filter
+            if counts is None:
                 return None
             from pytest_vram.backends.tracker import StorageTracker
 
-            counts = _is_cpu if name == "cpu" else _is_cuda
             tracker = StorageTracker(counts=counts, count_unseen_aliases=False, adopt_unseen=True)
             tracker.mode.__enter__()
             self._pushed = True

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from pytest_vram.attribution.frames import stack
+from pytest_vram.attribution.callsites import stack
 
 __all__ = ["TraceLog"]
 

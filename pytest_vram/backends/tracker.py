@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_vram.backends.sim.ops import accumulates_in_place
+from pytest_vram.backends.gradsums import accumulates_in_place
 
 __all__ = [
     "AllocationListener",

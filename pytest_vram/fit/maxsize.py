@@ -11,7 +11,8 @@ from typing import Any
 
 from pytest_vram.fit.search import largest
 from pytest_vram.fit.trials import Attempt, trials_for
-from pytest_vram.units import format_delta, format_size, is_si, parse_size
+from pytest_vram.fit.wording import at
+from pytest_vram.units import format_size, is_si, parse_size
 
 _AS_TYPED = re.compile(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*$")
 
@@ -58,28 +59,8 @@ class MaxSizeResult:
     def describe(self) -> str:
         """``largest batch that fits 80 GB: 12 (at 12: 72.60 GiB; 13 needs 76.10 GiB:
         activations +3.10 GiB)``."""
-        return f"largest {self.knob} that fits {self.capacity_text}: {self.value} ({at(self)})"
-
-
-def at(result: MaxSizeResult | dict[str, Any]) -> str:
-    """What the peaks either side of the value were, as messages give them."""
-    data = result.to_dict() if isinstance(result, MaxSizeResult) else result
-    value, peak, next_peak = data["value"], data.get("peak"), data.get("next_peak")
-    parts = [f"at {value}: {format_size(peak)}" if peak is not None else "nothing fits"]
-    if next_peak is not None:
-        grown = grew_text(data.get("grew"))
-        parts.append(
-            f"{value + 1} needs {format_size(next_peak)}" + (f": {grown}" if grown else "")
-        )
-    return "; ".join(parts)
-
-
-def grew_text(grew: dict[str, int] | None) -> str:
-    """``activations +3.10 GiB, gradients +12.00 MiB``: what grew, the most first."""
-    if not grew:
-        return ""
-    changed = sorted(((delta, name) for name, delta in grew.items() if delta), reverse=True)
-    return ", ".join(f"{name} {format_delta(delta)}" for delta, name in changed)
+        peaks = at(self.to_dict())
+        return f"largest {self.knob} that fits {self.capacity_text}: {self.value} ({peaks})"
 
 
 def grew(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:

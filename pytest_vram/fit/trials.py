@@ -4,12 +4,13 @@ Every attempt starts from the same state: what the attempt before it left is col
 allocator's cache released and the peak reset, as a fresh process of the same test would find
 the device. What "fits" means depends on what the backend can tell:
 
-- sim: the test's own segments (its reserved memory, laid out as the CUDA caching allocator
-  lays it out) get the capacity for the attempt, so an allocation raises
-  ``torch.OutOfMemoryError`` exactly where a GPU of that size would, after the allocator's
-  retry that frees its cache. It fits when no allocation raised.
-- cuda: ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the
-  capacity (or the whole device, when it is smaller), and the step runs for real.
+- sim (a backend with ``own_segments``): the test's own segments (its reserved memory, laid
+  out as the CUDA caching allocator lays it out) get the capacity for the attempt, so an
+  allocation raises ``torch.OutOfMemoryError`` exactly where a GPU of that size would, after
+  the allocator's retry that frees its cache. It fits when no allocation raised.
+- cuda (``is_cuda_device``): ``torch.cuda.set_per_process_memory_fraction`` caps the caching
+  allocator at the capacity (or the whole device, when it is smaller), and the step runs for
+  real.
 - any other backend (cpu): it fits when the peak allocated stays within the capacity.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_vram.measurement import collect_garbage
+from pytest_vram.garbage import collect_garbage
 
 __all__ = ["Attempt", "CudaTrials", "PeakTrials", "SimTrials", "trials_for"]
 
@@ -187,15 +188,14 @@ class CudaTrials(PeakTrials):
 
 
 def trials_for(backend: Any) -> PeakTrials:
-    """The attempts ``backend`` (or the test's view of it) can make."""
-    from pytest_vram.attribution.sources import unwrap
-
-    inner = unwrap(backend)
-    if inner.name == "sim":
-        return SimTrials(inner)
-    if inner.name == "cuda":
-        return CudaTrials(inner)
-    return PeakTrials(inner)
+    """The attempts ``backend`` (or the test's view of it) can make: on its own segments where
+    it models them, under the allocator's cap on a CUDA device, else by the peak."""
+    device = backend.device_backend  # the attempts reset and read the whole device
+    if device.own_segments is not None:
+        return SimTrials(device)
+    if device.is_cuda_device:
+        return CudaTrials(device)
+    return PeakTrials(device)
 
 
 def _reraise_host(exc: BaseException) -> None:

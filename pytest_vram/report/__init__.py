@@ -4,8 +4,13 @@
 - :mod:`.terminal`: the ``--vram-report`` summary;
 - :mod:`.junit`: the ``vram_*`` JUnit XML properties;
 - :mod:`.markdown`: the job-summary table (``--vram-markdown``, ``$GITHUB_STEP_SUMMARY``);
-- :mod:`.html`: the self-contained page (``--vram-html``);
-- :mod:`.text`: sizes, changes, plurals, aligned tables and environments as text.
+- :mod:`.html`: the self-contained page (``--vram-html``), drawn with :mod:`.svg`;
+- :mod:`.text`: sizes, changes, plurals, aligned tables and environments as text;
+- :mod:`.outputs`: the report files a run writes, each whole or not at all.
+
+Read back by ``pytest-vram summary`` and ``compare`` (:mod:`.commands`): :mod:`.junitfile` and
+:mod:`.jsonfile` read a run's memory table, :mod:`.runcomparison` compares two, and
+:mod:`.comparison` renders the pull-request comment.
 """
 
 from __future__ import annotations

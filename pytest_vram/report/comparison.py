@@ -1,10 +1,11 @@
 """The pull-request comment: ``pytest-vram compare --markdown``.
 
-Rendered from a comparison of two runs (see :func:`pytest_vram.junitfiles.compare_runs`) and the
-rows of both: the tests whose peak changed, biggest change first, then the budgets the head run
-crosses, the new tests and the removed ones. A workflow posts the text as one comment and edits
-it on each push; it finds its own comment by :data:`MARKER`. When nothing changed the text is
-empty, so the workflow can delete a comment that would otherwise show stale figures.
+Rendered from a comparison of two runs (see
+:func:`pytest_vram.report.runcomparison.compare_runs`) and the rows of both: the tests whose
+peak changed, biggest change first, then the budgets the head run crosses, the new tests and
+the removed ones. A workflow posts the text as one comment and edits it on each push; it
+finds its own comment by :data:`MARKER`. When nothing changed the text is empty, so the
+workflow can delete a comment that would otherwise show stale figures.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def render_comparison(
     """The comment's Markdown, or ``""`` when no test's peak changed and no budget was crossed.
 
     ``base_rows`` and ``head_rows`` are the two runs' memory tables (rows as
-    :func:`pytest_vram.junitfiles.read_memory_table` returns them): they give each test's status,
-    for the budgets crossed, and the devices measured on. Each table lists at most ``limit``
+    :func:`pytest_vram.report.junitfile.read_memory_table` returns them): they give each test's
+    status, for the budgets crossed, and the devices measured on. Each table lists at most ``limit``
     tests; the text never exceeds ``max_chars``.
     """
     base_rows, head_rows = list(base_rows), list(head_rows)

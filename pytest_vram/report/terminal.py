@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_vram.distributed import rank_lines
 from pytest_vram.records import TestRecord
 from pytest_vram.report.document import (
     baseline_peak,
@@ -14,6 +13,7 @@ from pytest_vram.report.document import (
     snapshot_of,
     status_counts,
 )
+from pytest_vram.report.ranks import rank_lines
 from pytest_vram.report.text import change_text, counts_text, plural, size_text, table
 
 __all__ = ["render_terminal", "terminal_lines"]

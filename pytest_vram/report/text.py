@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from pytest_vram.units import format_delta, format_size
+from pytest_vram.units import format_delta, format_percent, format_size
 
 __all__ = [
     "ENVIRONMENT_FIELDS",
@@ -48,7 +48,7 @@ def size_text(value: object, missing: str = "-") -> str:
 
 def percent_text(percent: float) -> str:
     """A signed percentage with one decimal: ``+11.8%``, ``-50.0%``, ``+0.0%``."""
-    return f"{percent:+.1f}%"
+    return format_percent(percent)
 
 
 def change_text(change: object, percent: object = None, missing: str = "-") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -12,6 +12,9 @@ from pytest_vram.backends import CPU_COUNTERS
 from pytest_vram.backends.base import Backend, BackendUnavailable
 from pytest_vram.backends.cpu import allocator as cpu_allocator
 from pytest_vram.backends.cpu.allocator import AllocatorCounter, CounterUnavailable
+
+if TYPE_CHECKING:
+    from pytest_vram.backends.tracker import StorageTracker
 
 __all__ = ["CpuBackend", "DispatchCounter"]
 
@@ -77,6 +80,8 @@ class CpuBackend(Backend):
 
     name = "cpu"
     device = torch.device("cpu")
+    # The allocator counter names no storage: attribution pushes a tracker of its own.
+    attribution_filter = _is_cpu
 
     def __init__(self, counter: str = "auto") -> None:
         self._notes: list[str] = []
@@ -106,6 +111,11 @@ class CpuBackend(Backend):
             return DispatchCounter()
         self._notes += cpu_allocator.notes()  # where the library came from, if not the cache
         return allocator
+
+    @property
+    def tracker(self) -> StorageTracker | None:  # type: ignore[override]
+        """The dispatch counter's tracker; None with the allocator counter."""
+        return self.counter.tracker if isinstance(self.counter, DispatchCounter) else None
 
     def total_memory(self) -> int | None:
         try:

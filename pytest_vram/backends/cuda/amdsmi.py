@@ -2,14 +2,14 @@
 
 ROCm's ``amdsmi`` Python package ships with ROCm (not on PyPI for every release), so it is
 optional: without it, or without the library it wraps, :func:`open_source` raises
-:class:`~pytest_vram.backends.cuda.sampler.SourceUnavailable` saying why.
+:class:`~pytest_vram.backends.cuda.source.SourceUnavailable` saying why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pytest_vram.backends.cuda.sampler import SourceUnavailable
+from pytest_vram.backends.cuda.source import SourceUnavailable
 
 __all__ = ["AmdSmiSource", "open_source"]
 

@@ -13,6 +13,7 @@ would depend on which test ran first.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from typing import Any, NoReturn
@@ -20,8 +21,10 @@ from typing import Any, NoReturn
 import torch
 
 from pytest_vram.backends.base import Backend, BackendUnavailable
+from pytest_vram.backends.cuda.history import stop_history
 from pytest_vram.backends.cuda.nvml import visible_mig_uuid
-from pytest_vram.backends.cuda.sampler import open_device_sampler
+from pytest_vram.backends.cuda.sampler import MemorySampler
+from pytest_vram.backends.cuda.source import SourceUnavailable
 from pytest_vram.units import format_size
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "WORKER_GPUS",
     "CudaBackend",
     "context_lost",
+    "open_device_sampler",
     "worker_device_index",
 ]
 
@@ -97,6 +101,26 @@ def context_lost(exc: BaseException | None) -> bool:
     return False
 
 
+def open_device_sampler(
+    device_index: int, *, rocm: bool = False
+) -> tuple[MemorySampler | None, str | None, bool]:
+    """A sampler for the torch device ``device_index``: ``(sampler, reason, mig)``.
+
+    NVML reads an NVIDIA GPU, amdsmi an AMD one (``rocm``). Without a sampler, ``reason``
+    says why device-level figures are not measured; ``mig`` tells whether the device was
+    seen to be a MIG slice either way.
+    """
+    if rocm:
+        from pytest_vram.backends.cuda import amdsmi as library
+    else:
+        from pytest_vram.backends.cuda import nvml as library  # type: ignore[no-redef]
+    try:
+        source = library.open_source(device_index)
+    except SourceUnavailable as exc:
+        return None, str(exc), exc.mig
+    return MemorySampler(source), None, source.mig
+
+
 def _alloc_conf() -> tuple[str, str] | None:
     """The variable that configures the allocator and its value, None when none is set."""
     for name in ALLOC_CONF_VARIABLES:
@@ -122,6 +146,11 @@ class CudaBackend(Backend):
     # The real allocator's segments and the device's used memory include what other tests'
     # fixtures hold and what the allocator keeps for them: they depend on which tests ran.
     order_dependent_figures = frozenset({"peak_reserved", "peak_device"})
+    is_cuda_device = True
+    memory_history = True
+    # The allocator's statistics name no storage: attribution pushes a tracker of its own.
+    # A C attribute read from C: Tensor.device builds a new object on every read.
+    attribution_filter = operator.attrgetter("is_cuda")
 
     def __init__(self, index: int | None = None) -> None:
         if not torch.cuda.is_available():
@@ -371,8 +400,6 @@ class CudaBackend(Backend):
             self._sampler.close()
             self._sampler = None
         # The snapshots' history lives in this device's allocator: it ends with the session.
-        from pytest_vram.snapshots import stop_history
-
         stop_history()
 
     # -- a context lost to a CUDA error ---------------------------------------------------

@@ -1,7 +1,7 @@
 """NVML as a memory source: an NVIDIA GPU's (or MIG slice's) used memory.
 
 Optional: without the driver library or the ``pynvml`` module, :func:`open_source` raises
-:class:`~pytest_vram.backends.cuda.sampler.SourceUnavailable` saying why.
+:class:`~pytest_vram.backends.cuda.source.SourceUnavailable` saying why.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pytest_vram.backends.cuda.sampler import SourceUnavailable
+from pytest_vram.backends.cuda.source import SourceUnavailable
 
 __all__ = ["NvmlSource", "nvml_bus_id", "open_source", "visible_mig_uuid"]
 

@@ -1,7 +1,7 @@
 """CUDA device arguments on a build of PyTorch without CUDA, below Python.
 
 Shape-only, the simulated device sends ``device="cuda"`` to the CPU with a function mode
-(:class:`~pytest_vram.backends.sim.fakecuda.CudaRemapMode`), which costs every call of a torch
+(:class:`~pytest_vram.backends.sim.remapmode.CudaRemapMode`), which costs every call of a torch
 function a Python call: more than the op itself when tensors are small. A test that computes
 its values on a build without CUDA gets the same answers from below Python instead, where an op
 that names no device costs nothing more:

@@ -1,22 +1,12 @@
-"""Where shape-only runs of PyTorch code would allocate otherwise than a CUDA run does.
+"""Initialisers that read values, shape-only.
 
-Shape-only, the simulated device runs code on fake tensors, and two things then take another
-path than on a GPU:
-
-- **The autograd engine's gradient sums.** When a tensor's gradient arrives from two places (a
-  residual stream, tied embeddings, a tensor used twice), the engine adds the second into the
-  first in place (``old.add_(new)``, ``InputBuffer::accumulate`` in
-  ``torch/csrc/autograd/input_buffer.cpp``) when it holds the only reference to a dense
-  tensor and its storage, which is the case in a CUDA run; for any tensor subclass, a fake
-  tensor included, and for a storage that a counting record keeps a second reference to (the
-  tracker's, computing), it adds out of place, a new buffer the size of the gradient each
-  time. :func:`accumulates_in_place` tells the engine's sums apart, and the simulated device
-  runs them in place, as CUDA does.
-- **Initialisers that read values.** ``nn.init.trunc_normal_`` draws and redraws until every
-  value lies within its bounds: a loop on ``mask.any()``, which needs values. How many times a
-  real run redraws is random, but the number is sharply peaked: :func:`likely_redraws` gives
-  the most likely one, and :func:`trunc_normal_decided` runs torch's own ``trunc_normal_``
-  deciding its loop so, with the allocations torch's code makes (each redraw's temporaries).
+``nn.init.trunc_normal_`` draws and redraws until every value lies within its bounds: a loop on
+``mask.any()``, which needs values. How many times a real run redraws is random, but the number
+is sharply peaked: :func:`likely_redraws` gives the most likely one, and
+:func:`trunc_normal_decided` runs torch's own ``trunc_normal_`` deciding its loop so, with the
+allocations torch's code makes (each redraw's temporaries). The other place where shape-only
+runs would allocate otherwise than a CUDA run, the autograd engine's gradient sums, is
+:mod:`pytest_vram.backends.gradsums`.
 """
 
 from __future__ import annotations
@@ -27,52 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["accumulates_in_place", "likely_redraws", "trunc_normal_decided"]
-
-_ADD = torch.ops.aten.add.Tensor
-# The Python frame the autograd engine runs in (backward() and autograd.grad()): an op whose
-# caller is this frame comes from the engine's C++ (a derivative formula or a gradient sum),
-# not from Python code in a backward (a custom Function's, a hook).
-_ENGINE_CODE = torch.autograd.graph._engine_run_backward.__code__
-
-
-def accumulates_in_place(func: Any, args: tuple, kwargs: dict | None, caller: Any) -> bool:
-    """Whether ``func(*args)``, called from the frame ``caller``, is the autograd engine
-    summing two gradients that a CUDA run sums in place, into ``args[0]``.
-
-    As the engine decides for a tensor nothing else holds: grad mode off (no
-    ``create_graph``), the first gradient a dense tensor that owns its storage and is
-    referenced no more than the second (the engine's buffer holds the only reference; a
-    gradient handed to two inputs at once is referenced twice), both of the same shape, dtype
-    and device, and of one kind (fake, or real).
-    """
-    if func is not _ADD or len(args) != 2 or kwargs or torch.is_grad_enabled():
-        return False
-    if caller is None or caller.f_code is not _ENGINE_CODE:
-        return False
-    old, new = args
-    if not isinstance(old, torch.Tensor) or type(old) is not type(new) or old is new:
-        return False
-    if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
-        return False
-    try:
-        whole = (
-            old.storage_offset() == 0
-            and old.untyped_storage().nbytes() == old.numel() * old.element_size()
-        )
-    except (NotImplementedError, RuntimeError):
-        return False
-    return (
-        whole
-        and is_non_overlapping_and_dense_or_false(old)
-        and old._use_count() <= new._use_count()
-    )
-
-
-# -- trunc_normal_ -----------------------------------------------------------------------------
+__all__ = ["likely_redraws", "trunc_normal_decided"]
 
 
 def _normal_cdf(x: float) -> float:

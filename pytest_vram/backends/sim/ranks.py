@@ -6,7 +6,8 @@ Before the test's fixtures, torch.distributed is initialised with PyTorch's fake
 one process; after its teardown the group is destroyed. The figures are rank 0's: its shards,
 and the buffers its collectives allocate.
 
-While the test runs, three things are patched and put back, object for object:
+While the test runs, these are patched and put back, object for object (a
+:class:`~pytest_vram.backends.sim.patches.PatchSet`):
 
 - ``DeviceMesh``: its rank bookkeeping is plain integer tensors, which FakeTensorMode would
   make fake (and then fail to read); its methods run with the fake mode unset. A mesh of the
@@ -43,9 +44,9 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.distributed import device_mesh
 
-__all__ = ["SimulatedRanks", "ranks_for", "skip_reason"]
+from pytest_vram.backends.sim.patches import PatchSet
 
-_MISSING = object()
+__all__ = ["SimulatedRanks", "ranks_for", "skip_reason"]
 
 
 def skip_reason(
@@ -179,7 +180,8 @@ class SimulatedRanks:
     def __init__(self, world_size: int, backend: Any) -> None:
         self.world_size = world_size
         self.backend = backend
-        self._saved: list[tuple[object, str, object]] = []
+        # Shadowed, not replaced: UntypedStorage.resize_ is inherited, and set on the class.
+        self._patches = PatchSet()
         self.started = False
 
     def start(self) -> None:
@@ -196,26 +198,27 @@ class SimulatedRanks:
             raise
 
     def _install(self) -> None:
+        patches = self._patches
         cls = device_mesh.DeviceMesh
         for name, value in list(_mesh_replacements()):
-            self._patch(cls, name, value)
-        self._patch(torch.UntypedStorage, "resize_", self._storage_resize())
+            patches.shadow(cls, name, value)
+        patches.shadow(torch.UntypedStorage, "resize_", self._storage_resize())
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self._patch(dist, "_verify_params_across_processes", _verify_nothing)
-        self._patch(DDP, "_pre_forward", _ddp_pre_forward(DDP._pre_forward, self.world_size))
+        patches.shadow(dist, "_verify_params_across_processes", _verify_nothing)
+        patches.shadow(DDP, "_pre_forward", _ddp_pre_forward(DDP._pre_forward, self.world_size))
         with contextlib.suppress(ImportError):  # another torch: the vote may be elsewhere
             from torch.distributed.pipelining.schedules import _PipelineSchedule
 
             warmup = _PipelineSchedule.__dict__.get("_warmup_p2p")
             if warmup is not None:
-                self._patch(_PipelineSchedule, "_warmup_p2p", _pipeline_warmup(warmup))
+                patches.shadow(_PipelineSchedule, "_warmup_p2p", _pipeline_warmup(warmup))
 
         name = "_propagate_tensor_meta_non_cached"
         original = ShardingPropagator.__dict__.get(name)
         if original is not None:
-            self._patch(ShardingPropagator, name, self._uncounted(original))
+            patches.shadow(ShardingPropagator, name, self._uncounted(original))
 
     def _storage_resize(self) -> Callable[..., Any]:
         resize = torch.UntypedStorage.resize_
@@ -240,20 +243,12 @@ class SimulatedRanks:
 
         return call
 
-    def _patch(self, owner: Any, name: str, value: object) -> None:
-        # What the class itself defines is put back; a name it inherits is removed again.
-        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
-        setattr(owner, name, value)
-
     def stop(self) -> None:
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        if self.started:
-            self.started = False
-            if dist.is_initialized():
-                with unset_fake_temporarily():
-                    dist.destroy_process_group()
+        try:
+            self._patches.restore()
+        finally:
+            if self.started:
+                self.started = False
+                if dist.is_initialized():
+                    with unset_fake_temporarily():
+                        dist.destroy_process_group()

@@ -32,25 +32,35 @@ import contextlib
 import os
 import sys
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest.runner import runtestprotocol
 
+import pytest_vram
 from pytest_vram.backends import resolve_name
-from pytest_vram.frames import is_out_of_memory
-from pytest_vram.options import Settings
+from pytest_vram.raised import is_out_of_memory
 from pytest_vram.scenarios import LeakError
-from pytest_vram.selection import MARKER_ERROR, MARKS, MEASUREMENT, is_xdist_controller
+from pytest_vram.selection import is_xdist_controller
+from pytest_vram.stash import (
+    COMPUTING,
+    COMPUTING_BECAUSE,
+    MARKER_ERROR,
+    MARKS,
+    MAY_RUN_AGAIN,
+    MEASUREMENT,
+    ON_A_GUESS,
+    RECORD,
+)
+
+if TYPE_CHECKING:
+    from pytest_vram.records import TestRecord
 
 __all__ = [
-    "CACHE_KEY",
-    "COMPUTE",
-    "GUESS",
-    "HELD",
-    "POLICIES",
-    "REASON",
-    "SHAPE_ONLY_KEY",
+    "HELD_BACK",
+    "NEEDS_VALUES_CACHE_KEY",
+    "SHAPE_ONLY_CACHE_KEY",
     "RunAgain",
     "ValuesOnDemand",
     "needs_values_message",
@@ -58,22 +68,11 @@ __all__ = [
 ]
 
 #: pytest's cache key of the test files that compute their values.
-CACHE_KEY = "vram/needs_values"
+NEEDS_VALUES_CACHE_KEY = "vram/needs_values"
 #: pytest's cache key of the test files one of whose tests failed on a guess.
-SHAPE_ONLY_KEY = "vram/shape_only"
-#: What ``--vram-sim-compute`` accepts.
-POLICIES = ("auto", "never", "always")
-#: Set on a sim test before it runs: whether it computes values on the CPU.
-COMPUTE = pytest.StashKey[bool]()
-#: Set on a sim test before it runs: whether it computes on a guess (within a budget).
-GUESS = pytest.StashKey[bool]()
-#: Set on a sim test that computes because its shape-only run failed: the first line of why.
-REASON = pytest.StashKey[str]()
-#: Set on a sim test while it runs in a mode that is run again if it fails: "shape-only"
-#: (for want of values) or "guess" (computing on a guess).
-TRIED = pytest.StashKey[str]()
+SHAPE_ONLY_CACHE_KEY = "vram/shape_only"
 #: The attribute of a subtest's report that is held back until its run is known to stand.
-HELD = "vram_held"
+HELD_BACK = "vram_held"
 # The attributes a report carries to the controller under xdist: the file of a test that
 # needed values, of one that failed on a guess.
 _REPORT_ATTRIBUTE = "vram_needs_values"
@@ -90,7 +89,7 @@ def run_again(item: pytest.Item, exc: BaseException) -> bool:
     """Whether the run of ``item`` that failed with ``exc`` is run again: shape-only for want
     of values (a memory verdict, a leak, the device's out-of-memory are the same computing),
     or computing on a guess (for any failure)."""
-    tried = item.stash.get(TRIED, None)
+    tried = item.stash.get(MAY_RUN_AGAIN, None)
     if tried is None:
         return False
     return tried == "guess" or not (isinstance(exc, LeakError) or is_out_of_memory(exc))
@@ -121,7 +120,7 @@ def _not_users() -> tuple[str, ...]:
     import pluggy
     import torch
 
-    modules = (torch, pytest, _pytest, pluggy, contextlib, sys.modules[__name__])
+    modules = (torch, pytest, _pytest, pluggy, contextlib, pytest_vram)
     return tuple(
         os.path.dirname(os.path.abspath(module.__file__)) + os.sep
         for module in modules
@@ -147,17 +146,17 @@ def _user_line(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | No
     return f"{filename}:{line}"
 
 
-def module_of(item: pytest.Item) -> str:
+def test_file_of(item: pytest.Item) -> str:
     """The test file of ``item``, as its node id names it."""
     return item.nodeid.split("::", 1)[0]
 
 
-def _failed(reports: list[pytest.TestReport]) -> bool:
+def _failed_or_xfailed(reports: list[pytest.TestReport]) -> bool:
     # An xfailed test failed too: computing, it may pass (and xpass).
     return any(r.failed or (r.skipped and hasattr(r, "wasxfail")) for r in reports)
 
 
-def _first_line(reports: list[pytest.TestReport]) -> str | None:
+def _first_failure_line(reports: list[pytest.TestReport]) -> str | None:
     for report in reports:
         if report.failed or hasattr(report, "wasxfail"):
             text = str(report.longrepr or "").strip()
@@ -169,29 +168,31 @@ def _first_line(reports: list[pytest.TestReport]) -> str | None:
 
 class ValuesOnDemand:
     """Runs each test on the simulated device shape-only or computing, and reruns a shape-only
-    failure computing. ``session`` is the plugin's :class:`~pytest_vram.session.VramSession`."""
+    failure computing. ``policy`` is ``--vram-sim-compute``'s value and ``backend`` the
+    backend a test without a ``vram_backend`` marker runs on; ``discard`` forgets a record
+    the session collected for a run that is run again."""
 
-    def __init__(self, config: pytest.Config, settings: Settings, session: Any) -> None:
-        from pytest_vram import session as session_module
-
-        self._keys = (
-            session_module.RECORD,
-            MEASUREMENT,
-            REASON,
-        )
+    def __init__(
+        self,
+        config: pytest.Config,
+        *,
+        policy: str,
+        backend: str,
+        discard: Callable[[TestRecord], None],
+    ) -> None:
         self.config = config
-        self.settings = settings
-        self.session = session
-        self.policy = settings.sim_compute
+        self.policy = policy
+        self.backend = backend
+        self._discard = discard
         cache = getattr(config, "cache", None)
         #: Test files remembered as needing values when the run started.
-        self.remembered = _remembered(cache, CACHE_KEY)
+        self.remembered = _files_in_cache(cache, NEEDS_VALUES_CACHE_KEY)
         #: Test files that compute in this run.
         self.computing: set[str] = set(self.remembered)
         #: Test files found to need values in this run (by this process, or an xdist worker).
         self.found: set[str] = set()
         #: Test files remembered to have failed on a guess: never guessed again.
-        self.remembered_shape_only = _remembered(cache, SHAPE_ONLY_KEY)
+        self.remembered_shape_only = _files_in_cache(cache, SHAPE_ONLY_CACHE_KEY)
         #: Test files that start shape-only in this run (until one of their tests needs
         #: values), and those found to have failed on a guess.
         self.shape_only: set[str] = set(self.remembered_shape_only)
@@ -202,7 +203,8 @@ class ValuesOnDemand:
         self._last_computed = False
         # Per broader-scoped fixture: whether it was made for a computing test.
         self._made_in: dict[Any, bool] = {}
-        self._mode: bool | None = None
+        # While a test runs: whether it computes.
+        self._computing_now: bool | None = None
         self._resolved: dict[str, str] = {}
         #: The reports of the subtests that passed in the run in progress, held back.
         self._held: list[pytest.TestReport] = []
@@ -211,7 +213,7 @@ class ValuesOnDemand:
         marks = item.stash.get(MARKS, None)
         if marks is None or MARKER_ERROR in item.stash:
             return False
-        name = marks.backend or self.settings.backend
+        name = marks.backend or self.backend
         if name not in self._resolved:
             try:
                 self._resolved[name] = resolve_name(name)
@@ -281,7 +283,7 @@ class ValuesOnDemand:
         """Run ``item``'s protocol shape-only or computing, again in the other mode where
         that may change its outcome; the reports of the run that stands, not logged. The
         reports of the subtests held back in a run that stands are logged here."""
-        module = module_of(item)
+        module = test_file_of(item)
         computing, guess = self._mode_of(module)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
@@ -294,10 +296,10 @@ class ValuesOnDemand:
             computing = False
             reports = self._run(item, nextitem, False)
         if not computing and self._worth_another_mode(item, reports):
-            reason = _first_line(reports)
+            reason = _first_failure_line(reports)
             self._forget(item, saved)
             reports = self._run(item, nextitem, True, reason)
-            if not _failed(reports):
+            if not _failed_or_xfailed(reports):
                 # The values were what the shape-only run lacked.
                 self.computing.add(module)
                 for report in reports:
@@ -335,22 +337,22 @@ class ValuesOnDemand:
         *,
         guess: bool = False,
     ) -> list[pytest.TestReport]:
-        item.stash[COMPUTE] = computing
-        item.stash[GUESS] = guess
+        item.stash[COMPUTING] = computing
+        item.stash[ON_A_GUESS] = guess
         if reason is not None:
-            item.stash[REASON] = reason
+            item.stash[COMPUTING_BECAUSE] = reason
         self._remake_fixtures(item, computing)
-        self._mode = computing
+        self._computing_now = computing
         if guess or not computing:
-            item.stash[TRIED] = "guess" if guess else "shape-only"
+            item.stash[MAY_RUN_AGAIN] = "guess" if guess else "shape-only"
         # What an earlier run held back is the run's that this one replaces.
         self._held = []
         try:
             return runtestprotocol(item, nextitem=nextitem, log=False)
         finally:
-            self._mode = None
-            if TRIED in item.stash:
-                del item.stash[TRIED]
+            self._computing_now = None
+            if MAY_RUN_AGAIN in item.stash:
+                del item.stash[MAY_RUN_AGAIN]
 
     def _worth_another_mode(
         self, item: pytest.Item, reports: list[pytest.TestReport], *, guessed: bool = False
@@ -359,7 +361,7 @@ class ValuesOnDemand:
         want of values; computing on a guess, past its budget or for any other reason. A
         memory verdict or a leak is the same in every mode, and so is the simulated device's
         out-of-memory; an xfail on a guess is the outcome computing gives, as plain does."""
-        if not (any(r.failed for r in reports) if guessed else _failed(reports)):
+        if not (any(r.failed for r in reports) if guessed else _failed_or_xfailed(reports)):
             return False
         measurement = item.stash.get(MEASUREMENT, None)
         raised = measurement.raised if measurement is not None else None
@@ -374,12 +376,10 @@ class ValuesOnDemand:
 
     def _forget(self, item: pytest.Item, saved: tuple[list[Any], list[Any]]) -> None:
         """Undo what the shape-only run left on the item and in the session's records."""
-        from pytest_vram.session import RECORD
-
         record = item.stash.get(RECORD, None)
         if record is not None:
-            self.session.discard(record)
-        for key in self._keys:
+            self._discard(record)
+        for key in (RECORD, MEASUREMENT, COMPUTING_BECAUSE):
             if key in item.stash:
                 del item.stash[key]
         item.user_properties[:] = saved[0]
@@ -391,8 +391,8 @@ class ValuesOnDemand:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> None:
-        if self._mode is not None and fixturedef.scope != "function":
-            self._made_in[fixturedef] = self._mode
+        if self._computing_now is not None and fixturedef.scope != "function":
+            self._made_in[fixturedef] = self._computing_now
 
     def _remake_fixtures(self, item: pytest.Item, computing: bool) -> None:
         """Tear down the broader-scoped fixtures of ``item`` made for the other mode; its setup
@@ -418,7 +418,7 @@ class ValuesOnDemand:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport):  # type: ignore[no-untyped-def]
-        if not report.__dict__.pop(HELD, False):
+        if not report.__dict__.pop(HELD_BACK, False):
             self._remember(report)
             return (yield)
         # A subtest of a run that may be run again: every plugin sees a passed setup, which
@@ -445,14 +445,14 @@ class ValuesOnDemand:
         if cache is None or hasattr(self.config, "workerinput"):
             return
         for key, remembered, found in (
-            (CACHE_KEY, self.remembered, self.found),
-            (SHAPE_ONLY_KEY, self.remembered_shape_only, self.found_shape_only),
+            (NEEDS_VALUES_CACHE_KEY, self.remembered, self.found),
+            (SHAPE_ONLY_CACHE_KEY, self.remembered_shape_only, self.found_shape_only),
         ):
             if not found <= remembered:
                 cache.set(key, sorted(remembered | found))
 
 
-def _remembered(cache: Any, key: str) -> set[str]:
+def _files_in_cache(cache: Any, key: str) -> set[str]:
     """The test files pytest's cache lists under ``key``."""
     listed = cache.get(key, []) if cache is not None else []
     return {m for m in listed if isinstance(m, str)} if isinstance(listed, list) else set()

@@ -1,4 +1,5 @@
-"""Releasing what a failed or skipped test still holds, so that the next test starts clean.
+"""What a test raised: whether it is an out-of-memory error; and releasing the frames it holds,
+so that the next test starts clean.
 
 The frames of a test that raised keep its locals (and so its tensors) alive: through the
 exception pytest keeps for the report, through the traceback's cycle with pytest's CallInfo,

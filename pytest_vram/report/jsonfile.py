@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_vram.junitfiles import MemoryTable, read_junit
 from pytest_vram.records import TestRecord
 from pytest_vram.report.document import record_row
 from pytest_vram.report.junit import row_properties
+from pytest_vram.report.junitfile import MemoryTable, read_junit
 from pytest_vram.shards import ShardError, read_shard
 
 __all__ = ["is_json_report", "junit_name", "read_json_report", "read_report", "read_reports"]

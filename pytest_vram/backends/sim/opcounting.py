@@ -1,0 +1,122 @@
+"""The op counter as one of the simulated device's ways to count a computing test.
+
+Computing, a test's op outputs are counted inside PyTorch's CPU allocator by an
+:class:`~pytest_vram.backends.cpu.allocator.OpCounter` where it can be built; it replays its
+blocks on a segment model of its own. Its counts go on across the tests it counts, beside the
+tracker's: :class:`OpCounting` adds them to the simulated device's figures, and is the one
+place that knows whether the running test counts there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from pytest_vram.backends.cpu import allocator as cpu_allocator
+from pytest_vram.backends.segments import SegmentFigures
+
+__all__ = ["OpCounting"]
+
+
+class OpCounting:
+    """The op counter, made for the first computing test that can count there."""
+
+    def __init__(self) -> None:
+        #: The op counter (None until made, or where it cannot be built: the tracker counts).
+        self.counter: cpu_allocator.OpCounter | None = None
+        self._unavailable: str | None = None
+        #: Whether the running test counts with the op counter.
+        self.active = False
+        #: Whether the op counter's segments are the running test's own: they were empty when
+        #: it started counting there.
+        self.own = False
+
+    def can_start(self) -> bool:
+        """Whether the op counter can be built, with segments empty (the next test's own)."""
+        if self.counter is None and self._unavailable is None:
+            try:
+                self.counter = cpu_allocator.OpCounter()
+            except cpu_allocator.CounterUnavailable as exc:
+                self._unavailable = str(exc)
+        return self.counter is not None and self.counter.segments().reserved == 0
+
+    def start(self) -> None:
+        """The running test counts here (:attr:`active` is set before, for its limit)."""
+        assert self.counter is not None
+        self.counter.watch()
+
+    def stop(self) -> None:
+        """The running test counts here no more."""
+        if self.active:
+            assert self.counter is not None
+            self.counter.unwatch()
+            self.active = False
+
+    def lift_limit(self) -> None:
+        if self.counter is not None:
+            self.counter.limit(None)
+
+    def uncounted(self) -> contextlib.AbstractContextManager[None]:
+        """While the running test counts here, what the block makes is not counted."""
+        return self._while_active(cpu_allocator.OpCounter.uncounted)
+
+    def as_one_op(self) -> contextlib.AbstractContextManager[None]:
+        """While the running test counts here, the block's allocations count as one op's."""
+        return self._while_active(cpu_allocator.OpCounter.as_one_op)
+
+    @contextlib.contextmanager
+    def _while_active(
+        self, context: Callable[[cpu_allocator.OpCounter], contextlib.AbstractContextManager[Any]]
+    ) -> Iterator[None]:
+        if not self.active:
+            yield
+            return
+        assert self.counter is not None
+        with context(self.counter):
+            yield
+
+    def counts(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is one the op counter counts."""
+        ops = self.counter
+        if ops is None or isinstance(tensor, FakeTensor) or not tensor.is_cpu:
+            return False
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return False
+        data = storage.data_ptr()
+        # An empty storage allocates nothing, on the device as anywhere.
+        return ops.counts(data) if data != 0 else storage.nbytes() == 0
+
+    # What the op counter adds to the simulated device's figures (nothing until it is made).
+
+    @property
+    def current(self) -> int:
+        return self.counter.current if self.counter is not None else 0
+
+    @property
+    def peak(self) -> int:
+        return self.counter.peak if self.counter is not None else 0
+
+    def with_segments(self, figures: SegmentFigures) -> SegmentFigures:
+        """``figures`` with the op counter's segments added (it replays its blocks on a segment
+        model of its own)."""
+        if self.counter is None:
+            return figures
+        return SegmentFigures(*map(sum, zip(figures, self.counter.segments(), strict=True)))
+
+    def inactive_split_bytes(self) -> int:
+        return self.counter.inactive_split_bytes() if self.counter is not None else 0
+
+    def reset_peak(self) -> None:
+        if self.counter is not None:
+            self.counter.reset_peak()
+            self.counter.reset_segment_peaks()
+
+    def empty_cache(self) -> None:
+        if self.counter is not None:
+            self.counter.empty_cache()

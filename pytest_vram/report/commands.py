@@ -1,0 +1,196 @@
+"""The ``summary`` and ``compare`` subcommands of ``pytest-vram``: a run's memory table, and two
+runs compared, from JUnit XML files or ``--vram-json`` documents.
+
+Exit statuses: ``compare`` exits 1 when a test grew beyond the tolerance; input it cannot use is
+a :class:`~pytest_vram.report.junitfile.JUnitFileError` (or a shard error), which the command
+turns into exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pytest_vram.errors import UsageError
+from pytest_vram.report.comparison import render_comparison
+from pytest_vram.report.jsonfile import read_reports
+from pytest_vram.report.junitfile import JUnitFileError, MemoryTable, read_junit
+from pytest_vram.report.runcomparison import RunComparison, compare_runs
+from pytest_vram.report.text import as_int, change_text, environment_line, plural, size_text
+from pytest_vram.report.text import table as table_lines
+from pytest_vram.status import rank_of
+from pytest_vram.units import SizeError, Tolerance, parse_tolerance
+
+__all__ = ["add_cli_parsers"]
+
+_NO_PROPERTIES_HINT = (
+    "run pytest with --junitxml and --vram-report (or a vram marker or fixture), "
+    "and without --vram-junit-properties=no"
+)
+
+
+def add_cli_parsers(subcommands: Any) -> None:
+    """Add ``summary`` and ``compare`` to the ``pytest-vram`` command."""
+    summary = subcommands.add_parser(
+        "summary",
+        help="print the memory table of a JUnit XML file",
+        description="Print the memory figures pytest-vram recorded in a JUnit XML file.",
+    )
+    summary.add_argument(
+        "file", metavar="FILE", help="a JUnit XML file written by pytest --junitxml"
+    )
+    summary.set_defaults(run=_run_summary)
+
+    comparison = subcommands.add_parser(
+        "compare",
+        help="compare the memory of two JUnit XML files",
+        description=(
+            "Compare each test's peak allocated memory between two JUnit XML files. "
+            "Exit status 1 when a test grew beyond the tolerance, else 0."
+        ),
+    )
+    comparison.add_argument(
+        "base", metavar="BASE", help="the JUnit XML or --vram-json file of the reference run"
+    )
+    comparison.add_argument(
+        "head", metavar="HEAD", help="the JUnit XML or --vram-json file of the new run"
+    )
+    comparison.add_argument(
+        "--tolerance",
+        default="5%",
+        type=_tolerance,
+        metavar="TOL",
+        help="growth allowed: a percentage of the base peak (5%%) or a size (64MiB); default 5%%",
+    )
+    comparison.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the changes as Markdown for a pull-request comment; nothing when none",
+    )
+    comparison.set_defaults(run=_run_compare)
+
+
+def _tolerance(text: str) -> Tolerance:
+    try:
+        return parse_tolerance(text)
+    except SizeError as exc:
+        raise UsageError(f"--tolerance: {exc}") from None
+
+
+def _run_summary(args: argparse.Namespace) -> int:
+    table = read_junit(args.file)
+    print(_summary_text(table), end="")
+    return 0
+
+
+def _summary_text(table: MemoryTable) -> str:
+    lines = []
+    for env in table.environments:
+        lines.append("environment: " + _describe_env(env))
+    if lines:
+        lines.append("")
+    if not table.rows:
+        lines.append(
+            f"{table.path}: none of its {plural(table.total, 'test')} carries vram "
+            f"properties; {_NO_PROPERTIES_HINT}"
+        )
+        return "\n".join(lines) + "\n"
+    rows = sorted(
+        table.rows,
+        key=lambda r: (
+            rank_of(str(r.get("vram_status"))),
+            -(as_int(r.get("vram_peak_allocated")) or 0),
+            r["name"],
+        ),
+    )
+    body = [
+        [
+            row["name"],
+            str(row.get("vram_backend", "")),
+            size_text(row.get("vram_peak_allocated")),
+            size_text(row.get("vram_baseline")),
+            str(row.get("vram_status", "")),
+        ]
+        for row in rows
+    ]
+    lines += table_lines(["test", "backend", "peak", "baseline", "status"], body, right={2, 3})
+    lines.append("")
+    measured = len(table.rows)
+    line = plural(measured, "measured test")
+    skipped = table.total - measured
+    if skipped:
+        line += f"; {plural(skipped, 'test')} without vram properties not shown"
+    counts: dict[str, int] = {}
+    for row in rows:
+        status = str(row.get("vram_status", ""))
+        counts[status] = counts.get(status, 0) + 1
+    if counts:
+        line += " (" + ", ".join(f"{n} {s}" for s, n in counts.items() if s) + ")"
+    lines.append(line + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    base, head = read_reports(args.base, args.head)
+    if not head.rows:
+        raise JUnitFileError(
+            f"{head.path}: none of its {plural(head.total, 'test')} carries vram "
+            f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
+        )
+    result = compare_runs(base.rows, head.rows, args.tolerance)
+    if args.markdown:
+        print(render_comparison(result, base.rows, head.rows), end="")
+    else:
+        print(_compare_text(base, head, result), end="")
+    return 1 if result.failed else 0
+
+
+def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -> str:
+    lines = [
+        f"base: {base.path} ({plural(len(base.rows), 'measured test')})",
+        f"head: {head.path} ({plural(len(head.rows), 'measured test')})",
+        f"tolerance: {result.tolerance}",
+    ]
+    if not base.rows:
+        lines.append(f"note: {base.path} carries no vram properties; every test counts as new")
+    base_devices, head_devices = _devices(base.rows), _devices(head.rows)
+    if base.rows and base_devices != head_devices:
+        lines.append(
+            f"note: measured on different devices: base {', '.join(base_devices) or '?'}, "
+            f"head {', '.join(head_devices) or '?'}"
+        )
+    lines.append("")
+    shown = [c for c in result.changes if c.kind != "unchanged"]
+    if shown:
+        body = [
+            [
+                change.name,
+                size_text(change.base),
+                size_text(change.head),
+                change_text(change.delta, change.percent, missing=""),
+                change.kind,
+            ]
+            for change in shown
+        ]
+        lines += table_lines(["test", "base", "head", "change", "result"], body, right={1, 2, 3})
+        lines.append("")
+    parts = [f"{count} {words}" for _, count, words in result.counts()]
+    lines.append((", ".join(parts) or "no measured tests") + ".")
+    if result.failed:
+        count = len(result.grown)
+        lines.append(
+            f"FAILED: {plural(count, 'test')} grew beyond the tolerance ({result.tolerance})."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _devices(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted({str(r["vram_device"]) for r in rows if "vram_device" in r})
+
+
+def _describe_env(env: dict[str, Any]) -> str:
+    backend = str(env.get("backend", "?"))
+    device = str(env.get("device", ""))
+    # The sim and cpu backends name their device after themselves: "sim", not "sim, sim".
+    facts = environment_line({**env, "device": "" if device == backend else device})
+    return ", ".join(part for part in (backend, facts) if part)

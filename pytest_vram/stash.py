@@ -1,0 +1,66 @@
+"""What the plugin keeps on a test item (``item.stash``), in one place: the keys its pieces share.
+
+The selection sets the first ones when a test is collected, the session and values on demand
+(:mod:`pytest_vram.backends.sim.ondemand`) those of each run. A key holds state for one item;
+nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_vram.marks import MarkerError, VramMarks
+    from pytest_vram.measurement import TestMeasurement
+    from pytest_vram.records import TestRecord
+
+__all__ = [
+    "COMPUTING",
+    "COMPUTING_BECAUSE",
+    "IN_CALL",
+    "MARKER_ERROR",
+    "MARKS",
+    "MAY_RUN_AGAIN",
+    "MEASUREMENT",
+    "ON_A_GUESS",
+    "PROPERTIES",
+    "RECORD",
+    "REPORTED_FAILED",
+    "SUBTEST_ERRORS",
+]
+
+# -- set at collection ------------------------------------------------------------------------
+
+#: Set on the tests that are measured: their parsed markers.
+MARKS: pytest.StashKey[VramMarks] = pytest.StashKey()
+#: Set on a test whose vram markers are malformed; its setup reports the error.
+MARKER_ERROR: pytest.StashKey[MarkerError] = pytest.StashKey()
+
+# -- set by the session, per run of a test ------------------------------------------------------
+
+#: Set on a measured test while it runs: what the vram fixture hands the test.
+MEASUREMENT: pytest.StashKey[TestMeasurement] = pytest.StashKey()
+#: Set on a measured test after its teardown: its finished record.
+RECORD: pytest.StashKey[TestRecord] = pytest.StashKey()
+#: Set on a measured test while its call runs: a report made then is a subtest's.
+IN_CALL: pytest.StashKey[bool] = pytest.StashKey()
+#: Set on a measured test one of whose subtests failed in this run: what they raised.
+SUBTEST_ERRORS: pytest.StashKey[list[BaseException]] = pytest.StashKey()
+#: Set on a measured test whose setup or call pytest reported failed (a strict XPASS too).
+REPORTED_FAILED: pytest.StashKey[bool] = pytest.StashKey()
+#: The JUnit properties the last run of a test added: a rerun's replace them.
+PROPERTIES: pytest.StashKey[list[tuple[str, object]]] = pytest.StashKey()
+
+# -- set by values on demand, before a test on the simulated device runs -----------------------
+
+#: Whether the test computes its values on the CPU (else it runs shape-only).
+COMPUTING: pytest.StashKey[bool] = pytest.StashKey()
+#: Whether it computes on a guess, within a host-memory budget.
+ON_A_GUESS: pytest.StashKey[bool] = pytest.StashKey()
+#: Why it computes, where its shape-only run failed: the first line of that failure.
+COMPUTING_BECAUSE: pytest.StashKey[str] = pytest.StashKey()
+#: While the test runs in a mode that is run again if it fails: "shape-only" (for want of
+#: values) or "guess" (computing on a guess).
+MAY_RUN_AGAIN: pytest.StashKey[str] = pytest.StashKey()
