@@ -1,5 +1,5 @@
-"""The error every ``pytest-vram`` subcommand may raise for input it cannot use, and the
-warning category of the plugin.
+"""The error every ``pytest-vram`` subcommand may raise for input it cannot use, the failure of
+a leak check, and the warning category of the plugin.
 
 They live apart from the command and the session so that any module raises them without
 importing what catches them.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-__all__ = ["UsageError", "VramWarning"]
+__all__ = ["LeakError", "UsageError", "VramWarning"]
 
 
 class VramWarning(pytest.PytestWarning):
@@ -27,3 +27,12 @@ class UsageError(Exception):
     Not a ValueError on purpose: argparse replaces a ValueError raised by a ``type=`` callable
     with a generic "invalid value" message, while it lets other exceptions through, text intact.
     """
+
+
+class LeakError(AssertionError):
+    """Memory grew step after step beyond the tolerance; ``result`` holds the figures (a
+    :class:`~pytest_vram.scenarios.LeakCheckResult`)."""
+
+    def __init__(self, message: str, result: object) -> None:
+        super().__init__(message)
+        self.result = result

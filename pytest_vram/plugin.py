@@ -73,7 +73,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(session, PLUGIN_NAME)
         config.pluginmanager.register(FinalReports(), FINAL_REPORTS_NAME)
         values = ValuesOnDemand(
-            config, policy=settings.sim_compute, backend=settings.backend, discard=session.discard
+            config,
+            policy=settings.sim_compute,
+            backend=settings.backend,
+            discard=session.discard,
+            xdist_controller=is_xdist_controller(config),
         )
         config.pluginmanager.register(values, VALUES_NAME)
         if session.is_worker:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_vram.attribution.leaks import LeakSiteRecorder, describe_sites, record_leak_sites
+from pytest_vram.errors import LeakError
 from pytest_vram.units import Tolerance, format_delta, format_size, parse_tolerance
 
 __all__ = [
@@ -33,14 +34,6 @@ class Probe(Protocol):
     def reset_peak(self) -> None: ...
     def peak(self) -> int: ...
     def release_cache(self) -> None: ...
-
-
-class LeakError(AssertionError):
-    """Memory grew step after step beyond the tolerance; ``result`` holds the figures."""
-
-    def __init__(self, message: str, result: LeakCheckResult) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,8 @@ from _pytest.runner import runtestprotocol
 
 import pytest_vram
 from pytest_vram.backends import resolve_name
+from pytest_vram.errors import LeakError
 from pytest_vram.raised import is_out_of_memory
-from pytest_vram.scenarios import LeakError
-from pytest_vram.selection import is_xdist_controller
 from pytest_vram.stash import (
     COMPUTING,
     COMPUTING_BECAUSE,
@@ -179,8 +178,11 @@ class ValuesOnDemand:
         policy: str,
         backend: str,
         discard: Callable[[TestRecord], None],
+        xdist_controller: bool = False,
     ) -> None:
         self.config = config
+        # A pytest-xdist controller runs no test: its workers decide for themselves.
+        self._xdist_controller = xdist_controller
         self.policy = policy
         self.backend = backend
         self._discard = discard
@@ -228,7 +230,7 @@ class ValuesOnDemand:
         # A session none of whose tests runs on the simulated device pays nothing for this
         # plugin's hooks. A pytest-xdist controller runs no test but hears what its workers
         # found.
-        if is_xdist_controller(self.config) or any(self._on_sim(item) for item in session.items):
+        if self._xdist_controller or any(self._on_sim(item) for item in session.items):
             return
         self.config.pluginmanager.unregister(self)
 
