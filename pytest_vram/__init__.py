@@ -1,7 +1,7 @@
 """pytest-vram: GPU memory as a tested property of PyTorch code."""
 
 from pytest_vram.errors import VramWarning
-from pytest_vram.marks import (
+from pytest_vram.wiring.marks import (
     max_vram,
     requires_vram,
     vram_backend,

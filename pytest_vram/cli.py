@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pytest_vram import __version__, estimate, shards
+from pytest_vram import __version__, estimate
+from pytest_vram.baselines import shards
 from pytest_vram.errors import UsageError
 from pytest_vram.fit import command as fit_command
 from pytest_vram.report import commands as report_commands

@@ -31,7 +31,7 @@ class UsageError(Exception):
 
 class LeakError(AssertionError):
     """Memory grew step after step beyond the tolerance; ``result`` holds the figures (a
-    :class:`~pytest_vram.scenarios.LeakCheckResult`)."""
+    :class:`~pytest_vram.measure.scenarios.LeakCheckResult`)."""
 
     def __init__(self, message: str, result: object) -> None:
         super().__init__(message)

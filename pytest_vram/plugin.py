@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_vram.backends import BackendUnavailable, create_backend
-from pytest_vram.marks import MARKER_HELP
-from pytest_vram.options import Settings, add_options
-from pytest_vram.selection import Selection, is_xdist_controller
 from pytest_vram.stash import MEASUREMENT
+from pytest_vram.wiring.marks import MARKER_HELP
+from pytest_vram.wiring.options import Settings, add_options
+from pytest_vram.wiring.selection import Selection, is_xdist_controller
 
 if TYPE_CHECKING:
     from pytest_vram.baselines.store import BaselineStore
-    from pytest_vram.handle import VramHandle
-    from pytest_vram.scenarios import LeakCheckResult, SingleStepResult
+    from pytest_vram.measure.handle import VramHandle
+    from pytest_vram.measure.scenarios import LeakCheckResult, SingleStepResult
 
 SELECTION_NAME = "vram-selection"
 PLUGIN_NAME = "vram-session"
@@ -55,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
     if settings.wants_session and not hasattr(config, "workerinput"):
-        from pytest_vram.preflight import preflight
+        from pytest_vram.wiring.preflight import preflight
 
         preflight(settings)  # only the controller writes
     # A malformed baseline file stops the run before any test; a project without baseline
@@ -64,8 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def start_session() -> None:
         from pytest_vram.backends.sim.ondemand import ValuesOnDemand
-        from pytest_vram.reporthooks import ControllerReports, FinalReports, WorkerReports
-        from pytest_vram.session import VramSession
+        from pytest_vram.wiring.reporthooks import ControllerReports, FinalReports, WorkerReports
+        from pytest_vram.wiring.session import VramSession
 
         if config.pluginmanager.get_plugin(PLUGIN_NAME) is not None:
             return
@@ -89,7 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
             )
             config.pluginmanager.register(controller, CONTROLLER_PLUGIN_NAME)
         if config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark is active
-            from pytest_vram import benchmarking
+            from pytest_vram.wiring import benchmarking
 
             benchmarking.register(config)
 
@@ -163,7 +163,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def vram(request: pytest.FixtureRequest) -> VramHandle:
     """Memory measurement for the current test: ``vram.device``, ``vram.measure()``,
     ``vram.empty_cache()``, ``vram.single_step(fn)``, ``vram.leak_check(fn)``."""
-    from pytest_vram.handle import VramHandle
+    from pytest_vram.measure.handle import VramHandle
 
     measurement = request.node.stash.get(MEASUREMENT, None)
     if measurement is None:

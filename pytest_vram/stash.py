@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_vram.marks import MarkerError, VramMarks
-    from pytest_vram.measurement import TestMeasurement
-    from pytest_vram.records import TestRecord
+    from pytest_vram.measure.measurement import TestMeasurement
+    from pytest_vram.record.record import TestRecord
+    from pytest_vram.wiring.marks import MarkerError, VramMarks
 
 __all__ = [
     "COMPUTING",

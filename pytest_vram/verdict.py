@@ -1,5 +1,5 @@
-"""The memory verdict of one test: a :class:`~pytest_vram.status.Status` and the messages that
-explain it.
+"""The memory verdict of one test: a :class:`~pytest_vram.record.status.Status` and the
+messages that explain it.
 
 :func:`judge` is pure: it reads a finished record, the test's marks, its baseline entry and the
 settings, and returns a :class:`Verdict`. Nothing else decides a status.
@@ -18,13 +18,13 @@ from pytest_vram.attribution.breakdown import (
     entry_categories,
 )
 from pytest_vram.baselines.compare import FigureChange, compare_with_entry
-from pytest_vram.records import BudgetResult, TestRecord
-from pytest_vram.status import Status
+from pytest_vram.record.record import BudgetResult, TestRecord
+from pytest_vram.record.status import Status
 from pytest_vram.units import describe_size, format_size
 
 if TYPE_CHECKING:
-    from pytest_vram.marks import VramMarks
-    from pytest_vram.options import Settings
+    from pytest_vram.wiring.marks import VramMarks
+    from pytest_vram.wiring.options import Settings
 
 __all__ = ["Outcome", "Verdict", "judge"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_vram.records import TestRecord as Record
+from pytest_vram.record.record import TestRecord as Record
 
 GiB = 1024**3
 

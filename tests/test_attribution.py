@@ -15,9 +15,9 @@ import torch
 from pytest_vram.attribution.breakdown import PeakBreakdown, describe_growth, entry_categories
 from pytest_vram.attribution.leaks import LeakSiteRecorder, survivors_in_snapshot
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.records import TestRecord
-from pytest_vram.scenarios import LeakError, leak_check
-from pytest_vram.snapshots import snapshot_name
+from pytest_vram.measure.scenarios import LeakError, leak_check
+from pytest_vram.record.record import TestRecord
+from pytest_vram.wiring.snapshots import snapshot_name
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 BACKENDS = [

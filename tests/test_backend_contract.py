@@ -13,8 +13,8 @@ from pytest_vram.backends.base import Backend
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.fit.trials import PeakTrials, SimTrials, trials_for
-from pytest_vram.ownership import OwnView
-from pytest_vram.snapshots import SnapshotError, SnapshotRecorder
+from pytest_vram.measure.ownership import OwnView
+from pytest_vram.wiring.snapshots import SnapshotError, SnapshotRecorder
 
 
 class Plain(Backend):

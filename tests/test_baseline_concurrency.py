@@ -17,7 +17,7 @@ from pytest_vram.baselines.file import BaselineFile
 from pytest_vram.baselines.locks import locked
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 WRITERS = 4
 ROUNDS = 6

@@ -17,7 +17,7 @@ from pytest_vram.baselines.errors import BaselineFileError
 from pytest_vram.baselines.file import BaselineFile
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
-from pytest_vram.records import TestRecord as Record
+from pytest_vram.record.record import TestRecord as Record
 
 CPU = "--vram-backend=cpu"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -243,7 +243,7 @@ import os, sys, time
 from pathlib import Path
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
 

@@ -16,7 +16,7 @@ from pytest_vram.baselines.file import BaselineFile, read_careful, read_fast
 from pytest_vram.baselines.layout import END_LINE
 from pytest_vram.baselines.store import BaselineStore, file_name_for
 from pytest_vram.baselines.writer import BaselineWriter
-from pytest_vram.records import TestRecord as Record
+from pytest_vram.record.record import TestRecord as Record
 from pytest_vram.units import parse_tolerance
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -20,9 +20,9 @@ from fake_gpu import FakeAllocator
 
 from pytest_vram.backends.base import Backend
 from pytest_vram.backends.cuda.backend import CudaBackend
-from pytest_vram.benchmarking import BenchmarkRounds
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.records import TestRecord
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.record.record import TestRecord
+from pytest_vram.wiring.benchmarking import BenchmarkRounds
 
 pytest_plugins = ["fake_gpu_fixtures"]
 

@@ -36,8 +36,8 @@ from pytest_vram.backends.cuda import nvml
 from pytest_vram.backends.cuda.backend import CudaBackend, context_lost, open_device_sampler
 from pytest_vram.backends.cuda.history import history_recording
 from pytest_vram.backends.cuda.source import SourceUnavailable
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.snapshots import SnapshotRecorder
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.wiring.snapshots import SnapshotRecorder
 
 TESTS = Path(__file__).parent
 

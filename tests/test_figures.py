@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_vram.figures import (
+from pytest_vram.record.figures import (
     MAX_FIGURE,
     FigureError,
     check_change,
@@ -19,7 +19,7 @@ from pytest_vram.figures import (
     check_text,
     figure_from_text,
 )
-from pytest_vram.records import TestRecord, read_record
+from pytest_vram.record.record import TestRecord, read_record
 
 # A record as a --vram-json document carries it (sim backend, with the scenarios and the
 # breakdown whose figures a baseline stores).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from pytest_vram.figures import (
+from pytest_vram.record.figures import (
     CATEGORY_FIGURES,
     COMPARED_FIGURES,
     LARGER_IS_BETTER,
@@ -22,7 +22,7 @@ from pytest_vram.figures import (
     rank_figures,
     stored_figures,
 )
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 SCENARIOS = {
     "empty_cache": {"allocated": 18944},
@@ -120,7 +120,7 @@ def test_a_records_figures_need_neither_the_rank_exchange_nor_attribution() -> N
     # a --vram-json document) loads neither the torchrun machinery nor the breakdown.
     code = (
         "import sys\n"
-        "from pytest_vram.records import TestRecord\n"
+        "from pytest_vram.record.record import TestRecord\n"
         "ranks = [{'rank': 0, 'figures': {'peak_allocated': 1}}]\n"
         "assert TestRecord('t.py::a', 'cuda', 'gpu', ranks=ranks).figures()\n"
         "print(sorted(m for m in sys.modules if m.startswith('pytest_vram.')))\n"

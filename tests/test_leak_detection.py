@@ -14,8 +14,8 @@ import torch
 
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.scenarios import LeakError, leak_check
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.measure.scenarios import LeakError, leak_check
 
 KiB = 1024
 SEEDS = range(200)

@@ -15,9 +15,9 @@ import torch
 import pytest_vram.garbage as garbage_module
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.handle import VramHandle
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.scenarios import single_step
+from pytest_vram.measure.handle import VramHandle
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.measure.scenarios import single_step
 
 KiB = 1024
 

@@ -236,7 +236,7 @@ def test_leftover_is_what_the_test_left_not_what_its_fixtures_hold(
 def test_broader_scoped_names_are_worked_out_once_for_the_items_that_share_them(
     pytester: pytest.Pytester,
 ) -> None:
-    from pytest_vram.ownership import broader_scoped
+    from pytest_vram.measure.ownership import broader_scoped
 
     pytester.makepyfile(
         """

@@ -548,8 +548,8 @@ def test_a_finished_test_lets_go_of_what_measured_it(pytester: pytest.Pytester) 
     pytester.makeconftest(
         """
         import gc
-        from pytest_vram.measurement import TestMeasurement
-        from pytest_vram.ownership import OwnView
+        from pytest_vram.measure.measurement import TestMeasurement
+        from pytest_vram.measure.ownership import OwnView
         from pytest_vram.verdict import Verdict
 
         def pytest_sessionfinish(session):

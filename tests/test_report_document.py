@@ -10,8 +10,9 @@ import pytest
 from report_records import record, records
 
 from pytest_vram import __version__
-from pytest_vram.records import STATUS_ORDER
-from pytest_vram.records import TestRecord as Record
+from pytest_vram.record.record import STATUS_ORDER
+from pytest_vram.record.record import TestRecord as Record
+from pytest_vram.record.status import Status
 from pytest_vram.report.document import (
     baseline_peak,
     build_document,
@@ -20,7 +21,6 @@ from pytest_vram.report.document import (
     status_counts,
     totals,
 )
-from pytest_vram.status import Status
 
 GiB = 1024**3
 MiB = 1024**2

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from pytest_vram.backends.cpu.backend import CpuBackend
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.scenarios import (
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.measure.scenarios import (
     LeakCheckResult,
     LeakError,
     empty_cache,

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from pytest_vram.seeding import Seeder, seed_for, seed_generators
+from pytest_vram.wiring.seeding import Seeder, seed_for, seed_generators
 
 DRAWS = """
 import random
@@ -65,7 +65,7 @@ def test_a_seeded_test_draws_what_plain_seeding_with_its_seed_draws(seed: int, n
 
 FIRST_IMPORT = """
 import sys
-from pytest_vram.seeding import Seeder, seed_for
+from pytest_vram.wiring.seeding import Seeder, seed_for
 
 assert "numpy.random" not in sys.modules
 seeder = Seeder(0)
@@ -131,7 +131,7 @@ def test_a_rerun_of_a_test_that_draws_from_unseeded_generators_measures_alike(
 SEQUENCE = """
 import random
 
-from pytest_vram.seeding import seed_for
+from pytest_vram.wiring.seeding import seed_for
 
 def test_first(vram):
     random.seed(99)

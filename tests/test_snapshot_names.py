@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 from pytest_vram.report import render_html, render_markdown
 from pytest_vram.report.junit import junit_properties
 from pytest_vram.report.terminal import render_terminal
-from pytest_vram.snapshots import snapshot_name
+from pytest_vram.wiring.snapshots import snapshot_name
 
 CPU = "--vram-backend=cpu"
 LONG_ID = "x" * 300
@@ -38,7 +38,7 @@ def test_a_long_id_gets_a_short_ascii_name_that_reads_as_the_test() -> None:
 def _names_in_another_process(nodeids: list[str]) -> list[str]:
     """The names another interpreter gives, with another seed for str hashes."""
     code = (
-        "import sys\nfrom pytest_vram.snapshots import snapshot_name\n"
+        "import sys\nfrom pytest_vram.wiring.snapshots import snapshot_name\n"
         "print('\\n'.join(snapshot_name(line) for line in sys.stdin.read().splitlines()))"
     )
     done = subprocess.run(

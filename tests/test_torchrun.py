@@ -17,7 +17,7 @@ from pytest_vram.distributed import (
     exchange_directory,
     merge_ranks,
 )
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 CONFTEST = """
 import pytest

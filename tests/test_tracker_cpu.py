@@ -10,7 +10,7 @@ from torch import nn
 
 from pytest_vram.backends.cpu import build as cpu_build
 from pytest_vram.backends.cpu.backend import CpuBackend
-from pytest_vram.measurement import TestMeasurement
+from pytest_vram.measure.measurement import TestMeasurement
 
 COUNTERS = ["allocator", "dispatch"]
 

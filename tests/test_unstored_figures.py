@@ -8,8 +8,8 @@ import torch
 from pytest_vram.backends.cpu.backend import CpuBackend
 from pytest_vram.backends.cuda.backend import CudaBackend
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.records import TestRecord
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.record.record import TestRecord
 
 
 def test_cuda_reads_reserved_and_device_memory_from_the_whole_device() -> None:

@@ -22,13 +22,13 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytest_vram.figures import CATEGORIES, category_figures, entry_categories
+from pytest_vram.record.figures import CATEGORIES, category_figures, entry_categories
 from pytest_vram.units import format_delta, format_size
 
 if TYPE_CHECKING:
     from pytest_vram.backends.tracker import StorageTracker
 
-# The category names and the figures an entry keeps of them belong to pytest_vram.figures;
+# The category names and the figures an entry keeps of them belong to pytest_vram.record.figures;
 # category_figures and entry_categories are handed on for the callers that import them here.
 __all__ = [
     "CATEGORIES",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_vram.attribution.breakdown import entry_categories
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 __all__ = ["Attribution"]
 

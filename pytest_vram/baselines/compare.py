@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_vram.figures import COMPARED_FIGURES, LARGER_IS_BETTER, figure_unit
+from pytest_vram.record.figures import COMPARED_FIGURES, LARGER_IS_BETTER, figure_unit
 from pytest_vram.units import Tolerance, format_delta, format_percent, format_size
 
 __all__ = ["FigureChange", "compare_with_entry"]

@@ -25,7 +25,7 @@ from typing import TextIO
 import yaml
 from yaml.nodes import ScalarNode
 
-from pytest_vram.figures import FigureError, check_figure, check_figure_name
+from pytest_vram.record.figures import FigureError, check_figure, check_figure_name
 
 __all__ = ["NotCanonical", "is_plain_key", "read_tests"]
 

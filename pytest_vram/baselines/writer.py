@@ -17,8 +17,8 @@ from pytest_vram.baselines.gitignore import ensure_gitignore
 from pytest_vram.baselines.layout import stored_environment
 from pytest_vram.baselines.locks import locked, temporary_files_of
 from pytest_vram.baselines.store import BaselineStore, check_name
-from pytest_vram.records import TestRecord
-from pytest_vram.status import is_stored
+from pytest_vram.record.record import TestRecord
+from pytest_vram.record.status import is_stored
 from pytest_vram.written import Written, reason_of, shown_path
 
 __all__ = ["BaselineWriter"]

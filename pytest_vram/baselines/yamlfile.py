@@ -15,7 +15,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from pytest_vram.baselines.errors import BaselineFileError
-from pytest_vram.figures import FigureError, check_figure, check_figure_name, check_nodeid
+from pytest_vram.record.figures import FigureError, check_figure, check_figure_name, check_nodeid
 
 __all__ = ["ParsedFile", "parse"]
 
@@ -186,7 +186,7 @@ class _Reader:
             for name_node, figure in self._pairs(
                 value, f"the entry of {nodeid!r} must map figure names to bytes"
             ):
-                # The checks of pytest_vram.figures, at the line of the name or figure.
+                # The checks of pytest_vram.record.figures, at the line of the name or figure.
                 try:
                     name = check_figure_name(self._scalar(loader, name_node))
                 except FigureError as exc:

@@ -5,7 +5,7 @@ baseline figures. After each measured test every other rank hands its record to 
 (:mod:`.exchange`), which merges them (:mod:`.merge`): the test's figures become the maximum
 over ranks, each rank's figures ride along in ``TestRecord.ranks``, and rank 0 alone reports,
 writes the JUnit file (:mod:`.junit`) and writes baselines, which store the maximum and every
-rank's figures (named in :mod:`pytest_vram.figures`).
+rank's figures (named in :mod:`pytest_vram.record.figures`).
 
 Nothing here imports torch.
 """
@@ -18,7 +18,7 @@ from pytest_vram.distributed.merge import merge_ranks
 from pytest_vram.distributed.ranks import Ranks, local_device_index
 
 # Handed on for the session, which compares each rank with its own figures.
-from pytest_vram.figures import entry_for_rank
+from pytest_vram.record.figures import entry_for_rank
 
 __all__ = [
     "RankExchange",

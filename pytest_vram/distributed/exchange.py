@@ -17,7 +17,7 @@ from pathlib import Path
 from pytest_vram.atomic import write_atomic
 from pytest_vram.distributed.merge import merge_ranks
 from pytest_vram.distributed.ranks import Ranks
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 __all__ = ["DEFAULT_TIMEOUT", "RankExchange", "exchange_directory"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_vram.records import TestRecord
-from pytest_vram.status import rank_of
+from pytest_vram.record.record import TestRecord
+from pytest_vram.record.status import rank_of
 
 __all__ = ["merge_ranks"]
 

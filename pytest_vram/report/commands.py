@@ -12,13 +12,13 @@ import argparse
 from typing import Any
 
 from pytest_vram.errors import UsageError
+from pytest_vram.record.status import rank_of
 from pytest_vram.report.comparison import render_comparison
 from pytest_vram.report.jsonfile import read_reports
 from pytest_vram.report.junitfile import JUnitFileError, MemoryTable, read_junit
 from pytest_vram.report.runcomparison import RunComparison, compare_runs
 from pytest_vram.report.text import as_int, change_text, environment_line, plural, size_text
 from pytest_vram.report.text import table as table_lines
-from pytest_vram.status import rank_of
 from pytest_vram.units import SizeError, Tolerance, parse_tolerance
 
 __all__ = ["add_cli_parsers"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from pytest_vram.record.status import Status, rank_of
 from pytest_vram.report.markdown import _code, _text
 from pytest_vram.report.text import as_int, change_text, plural, size_text
-from pytest_vram.status import Status, rank_of
 
 __all__ = ["MARKER", "MAX_COMMENT_CHARS", "render_comparison"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_vram import __version__
-from pytest_vram.records import TestRecord, sort_worst_first
+from pytest_vram.record.record import TestRecord, sort_worst_first
+from pytest_vram.record.status import Status, rank_of
 from pytest_vram.report.text import as_int
-from pytest_vram.status import Status, rank_of
 
 __all__ = [
     "baseline_peak",

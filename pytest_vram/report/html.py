@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from pytest_vram.record.status import FAILING_STATUSES, Status
 from pytest_vram.report.document import (
     baseline_peak,
     document_tests,
@@ -19,7 +20,6 @@ from pytest_vram.report.document import (
 )
 from pytest_vram.report.svg import line_chart, short_label, size_ticks, svg_start
 from pytest_vram.report.text import ENVIRONMENT_FIELDS, as_int, change_text, size_text
-from pytest_vram.status import FAILING_STATUSES, Status
 from pytest_vram.units import format_delta, format_size
 
 __all__ = ["MAX_BARS", "PAGE_CSS", "render_html"]

@@ -3,7 +3,7 @@
 Each measured test becomes the row the JUnit file of the same run carries for it (its
 ``vram_*`` properties, see :mod:`pytest_vram.report.junit`), so either kind of report may be the
 base or the head of a comparison. A document is read by the one reader of ``--vram-json``
-documents (:func:`pytest_vram.shards.read_shard`), which checks every figure.
+documents (:func:`pytest_vram.baselines.shards.read_shard`), which checks every figure.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pytest_vram.records import TestRecord
+from pytest_vram.baselines.shards import ShardError, read_shard
+from pytest_vram.record.record import TestRecord
 from pytest_vram.report.document import record_row
 from pytest_vram.report.junit import row_properties
 from pytest_vram.report.junitfile import MemoryTable, read_junit
-from pytest_vram.shards import ShardError, read_shard
 
 __all__ = ["is_json_report", "junit_name", "read_json_report", "read_report", "read_reports"]
 
@@ -36,7 +36,8 @@ def is_json_report(path: str | os.PathLike[str]) -> bool:
 def read_json_report(path: str | os.PathLike[str]) -> MemoryTable:
     """The measured tests of a ``--vram-json`` document, named by node id.
 
-    Raises :class:`pytest_vram.shards.ShardError` naming the file, the test and the bad value.
+    Raises :class:`pytest_vram.baselines.shards.ShardError` naming the file, the test and the
+    bad value.
     """
     shard = read_shard(Path(path))
     # Read again for what the shard reader does not keep: a document pytest-vram wrote names

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 from pytest_vram.report.document import baseline_peak, record_row, snapshot_of
 
 __all__ = ["SUITE_ENVIRONMENT_KEYS", "junit_properties", "row_properties", "suite_properties"]

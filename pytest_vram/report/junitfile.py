@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 
 from junitparser import JUnitXml, JUnitXmlError, Properties
 
-from pytest_vram.figures import FigureError, figure_from_text, is_known_figure
+from pytest_vram.record.figures import FigureError, figure_from_text, is_known_figure
 
 __all__ = ["JUnitFileError", "MemoryTable", "read_junit", "read_memory_table"]
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pytest_vram.record.status import FAILING_STATUSES, rank_of
 from pytest_vram.report.document import (
     baseline_peak,
     document_tests,
@@ -27,7 +28,6 @@ from pytest_vram.report.text import (
     plural_noun,
     size_text,
 )
-from pytest_vram.status import FAILING_STATUSES, rank_of
 from pytest_vram.units import format_size
 
 __all__ = ["MAX_BYTES", "STEP_SUMMARY_LIMIT", "append_step_summary", "render_markdown"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 from pytest_vram.report.document import (
     baseline_peak,
     build_document,

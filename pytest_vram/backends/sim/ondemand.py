@@ -54,7 +54,7 @@ from pytest_vram.stash import (
 )
 
 if TYPE_CHECKING:
-    from pytest_vram.records import TestRecord
+    from pytest_vram.record.record import TestRecord
 
 __all__ = [
     "HELD_BACK",

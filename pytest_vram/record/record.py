@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_vram.figures import (
+from pytest_vram.record.figures import (
     check_breakdown,
     check_entry,
     check_figure,
@@ -21,7 +21,7 @@ from pytest_vram.figures import (
     rank_figures,
     stored_figures,
 )
-from pytest_vram.status import Status, rank_of
+from pytest_vram.record.status import Status, rank_of
 
 __all__ = ["STATUS_ORDER", "BudgetResult", "TestRecord", "read_record", "sort_worst_first"]
 
@@ -90,7 +90,7 @@ class TestRecord:
         return max(0, self.end_allocated - self.start_allocated)
 
     def figures(self) -> dict[str, int]:
-        """The figures a baseline entry stores, by name (see :mod:`pytest_vram.figures`)."""
+        """The figures a baseline entry stores, by name (see :mod:`pytest_vram.record.figures`)."""
         if self.ranks:
             return rank_figures(self.ranks)
         figures = stored_figures(

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_vram.backends.base import Backend
 from pytest_vram.garbage import collect_garbage
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
 
 if TYPE_CHECKING:
-    from pytest_vram.marks import VramMarks
     from pytest_vram.verdict import Verdict
+    from pytest_vram.wiring.marks import VramMarks
 
 __all__ = ["PeakWindow", "TestMeasurement"]
 

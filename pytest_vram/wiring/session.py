@@ -23,28 +23,12 @@ from pytest_vram.backends.sim.ondemand import (
 )
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
-from pytest_vram.fixturehooks import BROADER_FIXTURES_NAME, BroaderFixtures
 from pytest_vram.garbage import OLD_GARBAGE, collect_garbage
-from pytest_vram.header import header_line
-from pytest_vram.marks import MarkerError, VramMarks
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.options import Settings
-from pytest_vram.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
-from pytest_vram.pool import BackendPool
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.measure.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
+from pytest_vram.measure.scenarios import LeakError
 from pytest_vram.raised import is_out_of_memory, release_exception
-from pytest_vram.records import TestRecord
-from pytest_vram.reporthooks import (
-    add_junit_properties,
-    failed_instead,
-    first_line_of,
-    warn_at_test,
-    with_late_sections,
-)
-from pytest_vram.runend import RunEnd
-from pytest_vram.scenarios import LeakError
-from pytest_vram.seeding import Seeder, pause_randomly
-from pytest_vram.selection import Selection
-from pytest_vram.snapshots import SnapshotError, SnapshotRecorder
+from pytest_vram.record.record import TestRecord
 from pytest_vram.stash import (
     COMPUTING,
     COMPUTING_BECAUSE,
@@ -60,6 +44,22 @@ from pytest_vram.stash import (
 )
 from pytest_vram.units import describe_size, format_size
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
+from pytest_vram.wiring.fixturehooks import BROADER_FIXTURES_NAME, BroaderFixtures
+from pytest_vram.wiring.header import header_line
+from pytest_vram.wiring.marks import MarkerError, VramMarks
+from pytest_vram.wiring.options import Settings
+from pytest_vram.wiring.pool import BackendPool
+from pytest_vram.wiring.reporthooks import (
+    add_junit_properties,
+    failed_instead,
+    first_line_of,
+    warn_at_test,
+    with_late_sections,
+)
+from pytest_vram.wiring.runend import RunEnd
+from pytest_vram.wiring.seeding import Seeder, pause_randomly
+from pytest_vram.wiring.selection import Selection
+from pytest_vram.wiring.snapshots import SnapshotError, SnapshotRecorder
 
 __all__ = ["VramSession"]
 

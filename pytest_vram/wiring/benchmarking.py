@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from pytest_vram.measurement import TestMeasurement
-from pytest_vram.records import TestRecord
+from pytest_vram.measure.measurement import TestMeasurement
+from pytest_vram.record.record import TestRecord
 from pytest_vram.stash import MEASUREMENT
 
 __all__ = ["PLUGIN_NAME", "BenchmarkMemory", "BenchmarkRounds", "register"]

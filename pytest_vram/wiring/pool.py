@@ -6,7 +6,7 @@ from typing import Any
 
 from pytest_vram import __version__
 from pytest_vram.backends import Backend, create_backend, resolve_name
-from pytest_vram.options import Settings
+from pytest_vram.wiring.options import Settings
 
 __all__ = ["BackendPool"]
 

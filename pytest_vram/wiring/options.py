@@ -9,8 +9,8 @@ import pytest
 
 from pytest_vram.backends import BACKENDS, CPU_COUNTERS
 from pytest_vram.backends.sim.workspaces import gpu_model
-from pytest_vram.seeding import DEFAULT_SEED
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
+from pytest_vram.wiring.seeding import DEFAULT_SEED
 
 __all__ = ["Settings", "add_options"]
 

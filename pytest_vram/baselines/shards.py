@@ -19,8 +19,8 @@ from typing import Any
 from pytest_vram.baselines.errors import BaselineFileError
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
-from pytest_vram.figures import MAX_FIGURE, FigureError
-from pytest_vram.records import TestRecord, read_record
+from pytest_vram.record.figures import MAX_FIGURE, FigureError
+from pytest_vram.record.record import TestRecord, read_record
 
 __all__ = ["Shard", "ShardError", "add_cli_parser", "merge_shards", "read_shard"]
 

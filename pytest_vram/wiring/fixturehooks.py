@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_vram.garbage import OLD_GARBAGE
-from pytest_vram.measurement import TestMeasurement
+from pytest_vram.measure.measurement import TestMeasurement
 
 __all__ = ["BROADER_FIXTURES_NAME", "BroaderFixtures"]
 

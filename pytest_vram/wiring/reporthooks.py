@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_vram.errors import VramWarning
-from pytest_vram.records import TestRecord
+from pytest_vram.record.record import TestRecord
+from pytest_vram.record.status import Status
 from pytest_vram.report import junit_properties
 from pytest_vram.stash import IN_CALL, MEASUREMENT, PROPERTIES, RECORD, REPORTED_FAILED
-from pytest_vram.status import Status
 from pytest_vram.verdict import Verdict
 
 __all__ = [

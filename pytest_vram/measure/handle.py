@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pytest_vram import scenarios
 from pytest_vram.errors import UsageError
-from pytest_vram.measurement import TestMeasurement
+from pytest_vram.measure import scenarios
+from pytest_vram.measure.measurement import TestMeasurement
 from pytest_vram.units import Tolerance
 
 if TYPE_CHECKING:
