@@ -10,12 +10,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pytest_vram import __version__, estimate
+from pytest_vram import estimate
 from pytest_vram.baselines import shards
 from pytest_vram.errors import UsageError
 from pytest_vram.fit import command as fit_command
 from pytest_vram.report import commands as report_commands
 from pytest_vram.report.junitfile import JUnitFileError
+from pytest_vram.version import __version__
 
 #: Each subcommand's error for input it cannot use; all of them exit 2.
 INPUT_ERRORS: tuple[type[Exception], ...] = (

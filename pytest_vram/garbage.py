@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import gc
 import sys
-
-from pytest_vram.backends.base import Backend
+from typing import Protocol
 
 __all__ = ["OLD_GARBAGE", "OldGarbage", "collect_garbage"]
+
+
+class Device(Protocol):
+    """What a collection reads of a backend: its allocated bytes."""
+
+    def allocated(self) -> int: ...
 
 
 class OldGarbage:
@@ -114,7 +119,7 @@ _GENERATIONAL = sys.version_info < (3, 14)
 OLD_GARBAGE = OldGarbage()
 
 
-def collect_garbage(backend: Backend, floor: int, old: OldGarbage = OLD_GARBAGE) -> int:
+def collect_garbage(backend: Device, floor: int, old: OldGarbage = OLD_GARBAGE) -> int:
     """Collect the reference cycles that keep memory above ``floor`` allocated; what is still
     allocated then.
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_vram.backends import BackendUnavailable, create_backend
+from pytest_vram.marks import MARKER_HELP
+from pytest_vram.options import Settings, add_options
 from pytest_vram.stash import MEASUREMENT
-from pytest_vram.wiring.marks import MARKER_HELP
-from pytest_vram.wiring.options import Settings, add_options
 from pytest_vram.wiring.selection import Selection, is_xdist_controller
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def start_session() -> None:
         from pytest_vram.backends.sim.ondemand import ValuesOnDemand
+        from pytest_vram.wiring.itemstate import ItemState
         from pytest_vram.wiring.reporthooks import ControllerReports, FinalReports, WorkerReports
         from pytest_vram.wiring.session import VramSession
 
@@ -76,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config,
             policy=settings.sim_compute,
             backend=settings.backend,
-            discard=session.discard,
+            tests=ItemState(session.discard),
             xdist_controller=is_xdist_controller(config),
         )
         config.pluginmanager.register(values, VALUES_NAME)

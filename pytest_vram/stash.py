@@ -1,8 +1,8 @@
 """What the plugin keeps on a test item (``item.stash``), in one place: the keys its pieces share.
 
-The selection sets the first ones when a test is collected, the session and values on demand
-(:mod:`pytest_vram.backends.sim.ondemand`) those of each run. A key holds state for one item;
-nothing here decides anything.
+The selection sets the first ones when a test is collected, the session those of each run;
+values on demand keeps its own (:mod:`pytest_vram.backends.sim.ondemand`). A key holds state
+for one item; nothing here decides anything.
 """
 
 from __future__ import annotations
@@ -12,19 +12,15 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_vram.marks import MarkerError, VramMarks
     from pytest_vram.measure.measurement import TestMeasurement
     from pytest_vram.record.record import TestRecord
-    from pytest_vram.wiring.marks import MarkerError, VramMarks
 
 __all__ = [
-    "COMPUTING",
-    "COMPUTING_BECAUSE",
     "IN_CALL",
     "MARKER_ERROR",
     "MARKS",
-    "MAY_RUN_AGAIN",
     "MEASUREMENT",
-    "ON_A_GUESS",
     "PROPERTIES",
     "RECORD",
     "REPORTED_FAILED",
@@ -52,15 +48,3 @@ SUBTEST_ERRORS: pytest.StashKey[list[BaseException]] = pytest.StashKey()
 REPORTED_FAILED: pytest.StashKey[bool] = pytest.StashKey()
 #: The JUnit properties the last run of a test added: a rerun's replace them.
 PROPERTIES: pytest.StashKey[list[tuple[str, object]]] = pytest.StashKey()
-
-# -- set by values on demand, before a test on the simulated device runs -----------------------
-
-#: Whether the test computes its values on the CPU (else it runs shape-only).
-COMPUTING: pytest.StashKey[bool] = pytest.StashKey()
-#: Whether it computes on a guess, within a host-memory budget.
-ON_A_GUESS: pytest.StashKey[bool] = pytest.StashKey()
-#: Why it computes, where its shape-only run failed: the first line of that failure.
-COMPUTING_BECAUSE: pytest.StashKey[str] = pytest.StashKey()
-#: While the test runs in a mode that is run again if it fails: "shape-only" (for want of
-#: values) or "guess" (computing on a guess).
-MAY_RUN_AGAIN: pytest.StashKey[str] = pytest.StashKey()

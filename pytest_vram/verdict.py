@@ -23,8 +23,8 @@ from pytest_vram.record.status import Status
 from pytest_vram.units import describe_size, format_size
 
 if TYPE_CHECKING:
-    from pytest_vram.wiring.marks import VramMarks
-    from pytest_vram.wiring.options import Settings
+    from pytest_vram.marks import VramMarks
+    from pytest_vram.options import Settings
 
 __all__ = ["Outcome", "Verdict", "judge"]
 

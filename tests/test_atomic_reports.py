@@ -223,7 +223,7 @@ WRITER_LOOP = """
 import sys
 from pathlib import Path
 
-from pytest_vram.wiring.options import Settings
+from pytest_vram.options import Settings
 from pytest_vram.units import parse_tolerance
 from pytest_vram.report.outputs import write_outputs
 

@@ -24,7 +24,7 @@ from pytest_vram import vram_world_size
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.backends.sim.ranks import SimulatedRanks, skip_reason
 from pytest_vram.estimate import estimate
-from pytest_vram.wiring.marks import MARKER_HELP, MarkerError, read_marks
+from pytest_vram.marks import MARKER_HELP, MarkerError, read_marks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 from gpt import GPT, GPTConfig, parameter_count

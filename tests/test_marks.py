@@ -9,8 +9,7 @@ import pytest
 
 import pytest_vram
 from pytest_vram.backends import BACKENDS
-from pytest_vram.units import parse_tolerance
-from pytest_vram.wiring.marks import (
+from pytest_vram.marks import (
     METRICS,
     Budget,
     MarkerError,
@@ -21,6 +20,7 @@ from pytest_vram.wiring.marks import (
     vram_backend,
     vram_tolerance,
 )
+from pytest_vram.units import parse_tolerance
 
 GiB = 1024**3
 

@@ -12,11 +12,11 @@ from pytest_vram.baselines.compare import compare_with_entry
 from pytest_vram.fit import largest, max_size
 from pytest_vram.fit.sweep import sweep
 from pytest_vram.fit.trials import SimTrials
+from pytest_vram.marks import VramMarks
 from pytest_vram.record.record import TestRecord, read_record
 from pytest_vram.record.status import Status
 from pytest_vram.units import parse_tolerance
 from pytest_vram.verdict import judge
-from pytest_vram.wiring.marks import VramMarks
 from tests.test_verdict import settings
 
 MiB = 1 << 20

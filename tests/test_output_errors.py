@@ -15,10 +15,10 @@ import pytest
 
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
+from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord
 from pytest_vram.report.outputs import write_outputs
 from pytest_vram.units import parse_tolerance
-from pytest_vram.wiring.options import Settings
 from pytest_vram.wiring.preflight import preflight_problems
 from pytest_vram.written import Written
 

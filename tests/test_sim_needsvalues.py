@@ -26,7 +26,7 @@ def _raised_in(path: Path) -> BaseException:
 
 def test_the_plugins_own_frames_are_not_the_tests_line() -> None:
     package = Path(pytest_vram.__file__).parent
-    for module in ("session.py", "backends/base.py"):
+    for module in ("wiring/session.py", "backends/base.py"):
         exc = _raised_in(package / module)
         message = SimBackend().explain_error(exc)
         assert message is not None

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.marks import Budget, VramMarks
+from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord
 from pytest_vram.record.status import FAILING_STATUSES, Status, rank_of
 from pytest_vram.units import parse_tolerance
 from pytest_vram.verdict import Outcome, judge
-from pytest_vram.wiring.marks import Budget, VramMarks
-from pytest_vram.wiring.options import Settings
 
 MiB = 1024**2
 

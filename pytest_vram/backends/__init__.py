@@ -29,7 +29,7 @@ CPU_COUNTERS = ("auto", "allocator", "dispatch")
 
 def _cuda(**options: Any) -> Backend:
     from pytest_vram.backends.cuda.backend import CudaBackend
-    from pytest_vram.distributed.ranks import local_device_index
+    from pytest_vram.backends.cuda.device import local_device_index
 
     # Under torchrun each rank measures its own device, LOCAL_RANK.
     return CudaBackend(local_device_index())

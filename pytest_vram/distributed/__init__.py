@@ -15,7 +15,7 @@ from __future__ import annotations
 from pytest_vram.distributed.exchange import RankExchange, exchange_directory
 from pytest_vram.distributed.junit import RankPlugin
 from pytest_vram.distributed.merge import merge_ranks
-from pytest_vram.distributed.ranks import Ranks, local_device_index
+from pytest_vram.distributed.ranks import Ranks
 
 # Handed on for the session, which compares each rank with its own figures.
 from pytest_vram.record.figures import entry_for_rank
@@ -26,6 +26,5 @@ __all__ = [
     "Ranks",
     "entry_for_rank",
     "exchange_directory",
-    "local_device_index",
     "merge_ranks",
 ]

@@ -1,4 +1,4 @@
-"""This process's place in a torchrun run, and the CUDA device it measures."""
+"""This process's place in a torchrun run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Ranks", "local_device_index"]
+__all__ = ["Ranks"]
 
 
 @dataclass(frozen=True)
@@ -32,38 +32,3 @@ class Ranks:
         if world_size <= 1 or not 0 <= rank < world_size:
             return None
         return cls(rank, world_size, local_rank, local_world_size)
-
-
-def local_device_index(
-    environ: Mapping[str, str] | None = None, device_count: int | None = None
-) -> int | None:
-    """The CUDA device a rank measures; None outside torchrun.
-
-    ``LOCAL_RANK``, or 0 where each rank sees one GPU only (``CUDA_VISIBLE_DEVICES`` set per
-    rank). ``device_count`` defaults to ``torch.cuda.device_count()``, asked only under
-    torchrun. Raises :class:`~pytest_vram.backends.BackendUnavailable` when LOCAL_RANK names
-    no device this process sees.
-    """
-    ranks = Ranks.from_environ(environ)
-    if ranks is None:
-        return None
-    if device_count is None:
-        import torch  # the cuda backend is being made: torch is imported already
-
-        device_count = torch.cuda.device_count()
-    local = ranks.local_rank
-    if local < device_count or device_count == 0:  # no GPU: the backend says so itself
-        return local
-    if device_count == 1:
-        return 0
-    from pytest_vram.backends.base import BackendUnavailable
-
-    environ = os.environ if environ is None else environ
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    raise BackendUnavailable(
-        f"under torchrun LOCAL_RANK={local} names CUDA device {local}, but this process sees "
-        f"{device_count} devices (CUDA_VISIBLE_DEVICES="
-        + (repr(visible) if visible is not None else "unset")
-        + "): give each rank its own GPU, with as many visible GPUs as ranks per node "
-        "(--nproc-per-node) or one visible GPU per rank"
-    )

@@ -15,8 +15,8 @@ from pytest_vram.garbage import collect_garbage
 from pytest_vram.record.record import TestRecord
 
 if TYPE_CHECKING:
+    from pytest_vram.marks import VramMarks
     from pytest_vram.verdict import Verdict
-    from pytest_vram.wiring.marks import VramMarks
 
 __all__ = ["PeakWindow", "TestMeasurement"]
 

@@ -14,10 +14,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_vram import __version__
 from pytest_vram.record.record import TestRecord, sort_worst_first
 from pytest_vram.record.status import Status, rank_of
 from pytest_vram.report.text import as_int
+from pytest_vram.version import __version__
 
 __all__ = [
     "baseline_peak",

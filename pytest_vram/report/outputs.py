@@ -17,7 +17,7 @@ from pytest_vram.atomic import write_atomic
 from pytest_vram.written import Written, reason_of
 
 if TYPE_CHECKING:
-    from pytest_vram.wiring.options import Settings
+    from pytest_vram.options import Settings
 
 __all__ = ["write_outputs"]
 

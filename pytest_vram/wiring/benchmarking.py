@@ -60,9 +60,7 @@ class BenchmarkRounds:
         self._last_after: int | None = None
         # On cuda, keep cuBLAS's workspaces between rounds: freeing them would put a new
         # workspace's allocation into each round's timing.
-        self._release: Callable[[], None] = getattr(
-            self.backend, "release_blocks", self.backend.release_cache
-        )
+        self._release: Callable[[], None] = self.backend.release_blocks
         original = fixture._make_runner
 
         def make_runner(function: Any, args: Any, kwargs: Any) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_vram.backends import BackendUnavailable, resolve_name
 from pytest_vram.baselines.store import BaselineStore, file_name_for
-from pytest_vram.wiring.options import Settings
+from pytest_vram.options import Settings
 from pytest_vram.wiring.pool import BackendPool
 from pytest_vram.wiring.runend import shown_path
 from pytest_vram.wiring.selection import is_xdist_controller

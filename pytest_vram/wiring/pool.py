@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_vram import __version__
 from pytest_vram.backends import Backend, create_backend, resolve_name
-from pytest_vram.wiring.options import Settings
+from pytest_vram.options import Settings
+from pytest_vram.version import __version__
 
 __all__ = ["BackendPool"]
 

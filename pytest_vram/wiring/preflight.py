@@ -17,7 +17,7 @@ import pytest
 from pytest_vram.written import reason_of
 
 if TYPE_CHECKING:
-    from pytest_vram.wiring.options import Settings
+    from pytest_vram.options import Settings
 
 __all__ = ["preflight", "preflight_problems"]
 

@@ -18,10 +18,10 @@ import pytest
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.baselines.writer import BaselineWriter
 from pytest_vram.errors import VramWarning
+from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord
 from pytest_vram.report import build_document, suite_properties, terminal_lines
 from pytest_vram.report.outputs import write_outputs
-from pytest_vram.wiring.options import Settings
 from pytest_vram.wiring.selection import Selection
 from pytest_vram.written import fail_on_errors
 

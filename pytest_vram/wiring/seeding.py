@@ -24,10 +24,7 @@ _seed_python = _CRandom.seed
 # torch does not import it), and seeded there from the operating system's entropy.
 _NUMPY_RANDOM = "numpy.random"
 
-__all__ = ["DEFAULT_SEED", "Seeder", "pause_randomly", "seed_for", "seed_generators"]
-
-#: The seed every measured test starts from unless ``--vram-seed`` says otherwise.
-DEFAULT_SEED = 0
+__all__ = ["Seeder", "pause_randomly", "seed_for", "seed_generators"]
 
 
 def seed_for(seed: int, nodeid: str) -> int:

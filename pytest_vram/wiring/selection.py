@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from pytest_vram.marks import MarkerError, VramMarks, read_marks
+from pytest_vram.options import Settings
 from pytest_vram.stash import MARKER_ERROR, MARKS
-from pytest_vram.wiring.marks import MarkerError, VramMarks, read_marks
-from pytest_vram.wiring.options import Settings
 
 __all__ = ["VRAM_FIXTURES", "Selection", "is_xdist_controller"]
 

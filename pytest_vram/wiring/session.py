@@ -16,7 +16,11 @@ import pytest
 from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends import Backend, BackendUnavailable
 from pytest_vram.backends.sim.ondemand import (
+    COMPUTING,
+    COMPUTING_BECAUSE,
     HELD_BACK,
+    MAY_RUN_AGAIN,
+    ON_A_GUESS,
     RunAgain,
     needs_values_message,
     run_again,
@@ -24,20 +28,18 @@ from pytest_vram.backends.sim.ondemand import (
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.garbage import OLD_GARBAGE, collect_garbage
+from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.measure.measurement import TestMeasurement
 from pytest_vram.measure.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.measure.scenarios import LeakError
+from pytest_vram.options import Settings
 from pytest_vram.raised import is_out_of_memory, release_exception
 from pytest_vram.record.record import TestRecord
 from pytest_vram.stash import (
-    COMPUTING,
-    COMPUTING_BECAUSE,
     IN_CALL,
     MARKER_ERROR,
     MARKS,
-    MAY_RUN_AGAIN,
     MEASUREMENT,
-    ON_A_GUESS,
     RECORD,
     REPORTED_FAILED,
     SUBTEST_ERRORS,
@@ -46,8 +48,6 @@ from pytest_vram.units import describe_size, format_size
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.wiring.fixturehooks import BROADER_FIXTURES_NAME, BroaderFixtures
 from pytest_vram.wiring.header import header_line
-from pytest_vram.wiring.marks import MarkerError, VramMarks
-from pytest_vram.wiring.options import Settings
 from pytest_vram.wiring.pool import BackendPool
 from pytest_vram.wiring.reporthooks import (
     add_junit_properties,

@@ -32,39 +32,42 @@ import contextlib
 import os
 import sys
 import types
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 from _pytest.runner import runtestprotocol
 
-import pytest_vram
 from pytest_vram.backends import resolve_name
 from pytest_vram.errors import LeakError
 from pytest_vram.raised import is_out_of_memory
-from pytest_vram.stash import (
-    COMPUTING,
-    COMPUTING_BECAUSE,
-    MARKER_ERROR,
-    MARKS,
-    MAY_RUN_AGAIN,
-    MEASUREMENT,
-    ON_A_GUESS,
-    RECORD,
-)
-
-if TYPE_CHECKING:
-    from pytest_vram.record.record import TestRecord
 
 __all__ = [
+    "COMPUTING",
+    "COMPUTING_BECAUSE",
     "HELD_BACK",
+    "MAY_RUN_AGAIN",
     "NEEDS_VALUES_CACHE_KEY",
+    "ON_A_GUESS",
     "SHAPE_ONLY_CACHE_KEY",
     "RunAgain",
     "ValuesOnDemand",
     "needs_values_message",
     "run_again",
 ]
+
+# What values on demand keeps on a test item (``item.stash``), set before a test on the
+# simulated device runs; the session reads them.
+
+#: Whether the test computes its values on the CPU (else it runs shape-only).
+COMPUTING: pytest.StashKey[bool] = pytest.StashKey()
+#: Whether it computes on a guess, within a host-memory budget.
+ON_A_GUESS: pytest.StashKey[bool] = pytest.StashKey()
+#: Why it computes, where its shape-only run failed: the first line of that failure.
+COMPUTING_BECAUSE: pytest.StashKey[str] = pytest.StashKey()
+#: While the test runs in a mode that is run again if it fails: "shape-only" (for want of
+#: values) or "guess" (computing on a guess).
+MAY_RUN_AGAIN: pytest.StashKey[str] = pytest.StashKey()
 
 #: pytest's cache key of the test files that compute their values.
 NEEDS_VALUES_CACHE_KEY = "vram/needs_values"
@@ -112,6 +115,10 @@ def needs_values_message(exc: BaseException, rootpath: os.PathLike[str] | str) -
     )
 
 
+# pytest_vram/, three folders up from backends/sim/ondemand.py.
+_PACKAGE_FOLDER = str(Path(__file__).resolve().parents[2]) + os.sep
+
+
 def _not_users() -> tuple[str, ...]:
     """The folders of the frames that are not the user's: torch, pytest, pluggy, the standard
     library and this package."""
@@ -119,12 +126,13 @@ def _not_users() -> tuple[str, ...]:
     import pluggy
     import torch
 
-    modules = (torch, pytest, _pytest, pluggy, contextlib, pytest_vram)
-    return tuple(
+    modules = (torch, pytest, _pytest, pluggy, contextlib)
+    folders = tuple(
         os.path.dirname(os.path.abspath(module.__file__)) + os.sep
         for module in modules
         if module.__file__
     )
+    return (*folders, _PACKAGE_FOLDER)
 
 
 def _user_line(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
@@ -165,11 +173,25 @@ def _first_failure_line(reports: list[pytest.TestReport]) -> str | None:
     return None
 
 
+class MeasuredTests(Protocol):
+    """What values on demand asks the session of a measured test."""
+
+    def backend_of(self, item: pytest.Item) -> str | None:
+        """The backend its ``vram_backend`` marker names, "" for the run's own, None when the
+        test is not measured (or its markers are malformed)."""
+
+    def raised_in(self, item: pytest.Item) -> BaseException | None:
+        """What its setup or call raised in the run that just ended."""
+
+    def forget(self, item: pytest.Item) -> None:
+        """Forget the record and the measurement of a run that is run again."""
+
+
 class ValuesOnDemand:
     """Runs each test on the simulated device shape-only or computing, and reruns a shape-only
     failure computing. ``policy`` is ``--vram-sim-compute``'s value and ``backend`` the
-    backend a test without a ``vram_backend`` marker runs on; ``discard`` forgets a record
-    the session collected for a run that is run again."""
+    backend a test without a ``vram_backend`` marker runs on; ``tests`` is what the session
+    knows of each measured test."""
 
     def __init__(
         self,
@@ -177,7 +199,7 @@ class ValuesOnDemand:
         *,
         policy: str,
         backend: str,
-        discard: Callable[[TestRecord], None],
+        tests: MeasuredTests,
         xdist_controller: bool = False,
     ) -> None:
         self.config = config
@@ -185,7 +207,7 @@ class ValuesOnDemand:
         self._xdist_controller = xdist_controller
         self.policy = policy
         self.backend = backend
-        self._discard = discard
+        self._tests = tests
         cache = getattr(config, "cache", None)
         #: Test files remembered as needing values when the run started.
         self.remembered = _files_in_cache(cache, NEEDS_VALUES_CACHE_KEY)
@@ -212,10 +234,10 @@ class ValuesOnDemand:
         self._held: list[pytest.TestReport] = []
 
     def _on_sim(self, item: pytest.Item) -> bool:
-        marks = item.stash.get(MARKS, None)
-        if marks is None or MARKER_ERROR in item.stash:
+        named = self._tests.backend_of(item)
+        if named is None:
             return False
-        name = marks.backend or self.backend
+        name = named or self.backend
         if name not in self._resolved:
             try:
                 self._resolved[name] = resolve_name(name)
@@ -365,8 +387,7 @@ class ValuesOnDemand:
         out-of-memory; an xfail on a guess is the outcome computing gives, as plain does."""
         if not (any(r.failed for r in reports) if guessed else _failed_or_xfailed(reports)):
             return False
-        measurement = item.stash.get(MEASUREMENT, None)
-        raised = measurement.raised if measurement is not None else None
+        raised = self._tests.raised_in(item)
         if raised is None:
             # Nothing raised in setup or call: the memory verdict failed (a budget, a
             # regression), or teardown did.
@@ -378,12 +399,9 @@ class ValuesOnDemand:
 
     def _forget(self, item: pytest.Item, saved: tuple[list[Any], list[Any]]) -> None:
         """Undo what the shape-only run left on the item and in the session's records."""
-        record = item.stash.get(RECORD, None)
-        if record is not None:
-            self._discard(record)
-        for key in (RECORD, MEASUREMENT, COMPUTING_BECAUSE):
-            if key in item.stash:
-                del item.stash[key]
+        self._tests.forget(item)
+        if COMPUTING_BECAUSE in item.stash:
+            del item.stash[COMPUTING_BECAUSE]
         item.user_properties[:] = saved[0]
         sections = getattr(item, "_report_sections", None)
         if isinstance(sections, list):
