@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_vram.backends.cuda.source import SourceUnavailable
+from pytest_vram.backends.cuda.source import SourceUnavailable, pci_address
 
 __all__ = ["AmdSmiSource", "open_source"]
 
@@ -104,10 +104,8 @@ def _torch_bdf(device_index: int) -> str | None:
     """``domain:bus:device`` of a torch device, as amdsmi spells it before the function."""
     import torch
 
-    props = torch.cuda.get_device_properties(device_index)
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is None:
+    address = pci_address(torch.cuda.get_device_properties(device_index))
+    if address is None:
         return None
-    domain = getattr(props, "pci_domain_id", 0) or 0
-    device = getattr(props, "pci_device_id", 0) or 0
-    return f"{int(domain):04x}:{int(bus):02x}:{int(device):02x}"
+    domain, bus, device = address
+    return f"{domain:04x}:{bus:02x}:{device:02x}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pytest_vram.backends.cuda.source import SourceUnavailable
+from pytest_vram.backends.cuda.source import SourceUnavailable, pci_address
 
 __all__ = ["NvmlSource", "nvml_bus_id", "open_source", "visible_mig_uuid"]
 
@@ -98,12 +98,11 @@ def visible_mig_uuid(device_index: int) -> str | None:
 def nvml_bus_id(properties: Any) -> str | None:
     """The PCI bus id of a device, as NVML spells it (``00000000:3B:00.0``), from
     ``torch.cuda.get_device_properties``; None where torch does not say."""
-    bus = getattr(properties, "pci_bus_id", None)
-    if bus is None:
+    address = pci_address(properties)
+    if address is None:
         return None
-    domain = getattr(properties, "pci_domain_id", 0) or 0
-    device = getattr(properties, "pci_device_id", 0) or 0
-    return f"{int(domain):08X}:{int(bus):02X}:{int(device):02X}.0"
+    domain, bus, device = address
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
 def _handle_for(pynvml: Any, device_index: int) -> Any:

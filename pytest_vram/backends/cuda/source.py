@@ -9,9 +9,9 @@ and the sampler depend on it and not on each other.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["MemorySource", "SourceUnavailable"]
+__all__ = ["MemorySource", "SourceUnavailable", "pci_address"]
 
 
 class SourceUnavailable(Exception):
@@ -43,3 +43,14 @@ class MemorySource(Protocol):
     def driver_version(self) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+def pci_address(properties: Any) -> tuple[int, int, int] | None:
+    """PCI domain, bus and device of ``torch.cuda.get_device_properties``'s device, by which
+    NVML and amdsmi find it whatever their numbering; None where torch does not say."""
+    bus = getattr(properties, "pci_bus_id", None)
+    if bus is None:
+        return None
+    domain = getattr(properties, "pci_domain_id", 0) or 0
+    device = getattr(properties, "pci_device_id", 0) or 0
+    return int(domain), int(bus), int(device)
