@@ -244,3 +244,86 @@ def test_a_computing_sim_test_pushes_no_dispatch_mode() -> None:
         assert torch.cuda.memory_allocated() == 4096
     finally:
         backend.end_test()
+
+
+def _sim_figures(code: Callable[[], None], *, through_python: bool) -> tuple[int, ...]:
+    """Figures of ``code`` run as a computing test on a simulated device that models cuBLAS
+    workspaces: counted by the op counter, or (``through_python``) by the tracker's dispatch
+    mode, which a device with a capacity gets (one far above what the code needs)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    backend = SimBackend(capacity="1TiB" if through_python else None, workspaces=True)
+    backend.use_values(True)
+    backend.begin_test()
+    try:
+        assert (_get_current_dispatch_mode() is None) is not through_python
+        code()
+        figures = (
+            backend.allocated(),
+            backend.peak_allocated(),
+            backend.own_reserved(),
+            backend.own_peak_reserved(),
+        )
+        backend.release_workspaces()
+        after_release = backend.allocated()
+    finally:
+        backend.end_test()
+        backend.release_cache()
+    return (*figures, after_release)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [_mlp_step, _conv_step, _attention, _in_place_views_and_out],
+    ids=["mlp-adamw", "conv-batchnorm", "sdpa", "in-place-views-out"],
+)
+def test_the_op_counter_allocates_cublas_workspaces_as_the_tracker_does(
+    code: Callable[[], None],
+) -> None:
+    native = _sim_figures(code, through_python=False)
+    assert native == _sim_figures(code, through_python=True)
+    workspace = SimBackend(workspaces=True).workspaces.size
+    if code is _mlp_step:
+        # A matrix multiply in forward and one in backward: two workspaces at the peak.
+        assert native[1] >= 2 * workspace
+    elif code in (_attention, _in_place_views_and_out):
+        assert native[1] < workspace  # fused attention and copies: no cuBLAS, no workspace
+    assert native[4] < workspace  # released with the workspaces
+
+
+def _makes_a_fixture_then_runs(backend: SimBackend) -> None:
+    """A test whose broader-scoped fixture is made in its set-up: making it leaves cached
+    blocks behind, which a later test would not see; then the test's own work."""
+    scratch = torch.randn(3 * MiB)  # 12 MiB, a segment of its own
+    kept = scratch[: MiB // 4].clone()  # what the fixture holds: 1 MiB, a small block
+    del scratch
+    backend.restart_own()  # as the plugin does once the fixture is made
+    backend.reset_peak()
+    model = nn.Linear(256, 256)
+    model(torch.randn(64, 256)).sum().backward()
+    del kept
+
+
+def test_a_fixture_made_in_set_up_is_laid_out_anew_as_the_tracker_does() -> None:
+    figures = {}
+    for python in (False, True):
+        backend = SimBackend(capacity="1TiB" if python else None, workspaces=True)
+        backend.use_values(True)
+        backend.begin_test()
+        try:
+            _makes_a_fixture_then_runs(backend)
+            figures[python] = (
+                backend.allocated(),
+                backend.peak_allocated(),
+                backend.own_reserved(),
+                backend.own_peak_reserved(),
+            )
+        finally:
+            backend.end_test()
+            backend.release_cache()
+    assert figures[False] == figures[True]
+    # The 12 MiB temporary took a segment of its own while the fixture was made; laid out
+    # anew, the 1 MiB the fixture keeps needs a 2 MiB one, beside the step's own blocks and
+    # its two workspaces.
+    workspaces = 2 * SimBackend(workspaces=True).workspaces.size
+    assert workspaces < figures[False][3] < workspaces + 12 * MiB

@@ -37,6 +37,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -207,6 +208,36 @@ struct SegmentModel {
     return released;
   }
 
+  // Deletes every block of the model, which is not used again (relayout): the segments of
+  // the free blocks in its pools and of the allocated blocks in used.
+  void discard(const std::vector<SegmentBlock*>& used) {
+    std::set<SegmentBlock*> heads;
+    for (SegmentBlock* block : used) {
+      while (block != nullptr && block->prev != nullptr) {
+        block = block->prev;
+      }
+      if (block != nullptr) {
+        heads.insert(block);
+      }
+    }
+    for (SegmentPool* pool : {&small_pool, &large_pool}) {
+      for (SegmentBlock* block : pool->blocks) {
+        while (block->prev != nullptr) {
+          block = block->prev;
+        }
+        heads.insert(block);
+      }
+      pool->blocks.clear();
+    }
+    for (SegmentBlock* block : heads) {
+      while (block != nullptr) {
+        SegmentBlock* next = block->next;
+        delete block;
+        block = next;
+      }
+    }
+  }
+
   int64_t inactive_split_bytes() const {
     int64_t total = 0;
     for (const SegmentPool* pool : {&small_pool, &large_pool}) {
@@ -231,8 +262,15 @@ struct OpCounter {
   int64_t limit = -1;
   std::string limit_head;
   std::string limit_tail;
+  // cuBLAS workspaces (0: none): the first matrix multiply of a thread, or of the autograd
+  // engine's backward, allocates one of this size after its outputs, held until cleared.
+  int64_t workspace_size = 0;
+  std::unordered_map<const void*, std::pair<SegmentBlock*, int64_t>> workspaces;  // and size
 };
 static_assert(offsetof(OpCounter, current) == 0, "current is read at offset 0");
+
+// What a workspace made inside backward is keyed by: the autograd engine's thread for the device.
+char g_autograd_thread;
 
 // The op counter that watches this thread, and where it is in the ops that run.
 struct OpThread {
@@ -245,6 +283,8 @@ struct OpThread {
   // allocates the new block before it frees the old one, as the segment model hears of it.
   std::vector<SegmentBlock*> resized;
   at::CallbackHandle callback = 0;
+  bool matmul = false;  // the outermost op is a matrix multiply, which needs a workspace
+  int backward = 0;  // nesting of the autograd nodes running on this thread
 };
 thread_local OpThread t_op;
 
@@ -313,6 +353,7 @@ void commit(Block& block) {
 // Uncounts and frees a counted block; false when data is not one.
 bool release(void* data) {
   Block block;
+  bool segment_freed = false;
   {
     Shard& shard = shard_of(data);
     Guard guard(shard.mutex);
@@ -322,6 +363,14 @@ bool release(void* data) {
     }
     block = found->second;
     shard.blocks.erase(found);
+    OpCounter* counter = block.op_counter;
+    if (counter != nullptr && !block.pending &&
+        !(t_op.counter == counter && t_op.depth > 0)) {
+      // Under the shard's lock, so that relayout() never leaves this block's segment stale.
+      Guard segments_guard(counter->mutex);
+      counter->segments.free(block.segment_block);
+      segment_freed = true;
+    }
   }
   for (Counter* counter : block.counters) {
     if (counter != nullptr) {
@@ -336,12 +385,8 @@ bool release(void* data) {
       }
     } else {
       counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
-      OpThread& thread = t_op;
-      if (thread.counter == counter && thread.depth > 0) {
-        thread.resized.push_back(block.segment_block);
-      } else {
-        Guard guard(counter->mutex);
-        counter->segments.free(block.segment_block);
+      if (!segment_freed) {
+        t_op.resized.push_back(block.segment_block);
       }
     }
   }
@@ -497,15 +542,40 @@ bool decomposes(const at::RecordFunction& fn) {
   return result;
 }
 
+// Whether the op a RecordFunction stands for runs on cuBLAS on a GPU (workspaces.py's
+// matmul_ops), cached by the name's address as decomposes() is.
+bool multiplies_matrices(const at::RecordFunction& fn) {
+  static const std::set<std::string> names = {
+      "aten::mm",   "aten::addmm", "aten::_addmm_activation", "aten::bmm",     "aten::baddbmm",
+      "aten::addbmm", "aten::mv",  "aten::addmv",             "aten::dot",     "aten::vdot",
+      "aten::_int_mm", "aten::_scaled_mm"};
+  struct Entry {
+    std::string name;
+    bool matmul;
+  };
+  thread_local std::unordered_map<const char*, Entry> cache;
+  const char* name = fn.name();
+  auto found = cache.find(name);
+  if (found != cache.end() && found->second.name == name) {
+    return found->second.matmul;
+  }
+  bool result = names.count(name) > 0;
+  cache[name] = Entry{name, result};
+  return result;
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   OpThread& thread = t_op;
   if (thread.counter == nullptr) {
     return nullptr;
   }
-  if (thread.depth > 0) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    ++thread.backward;
+  } else if (thread.depth > 0) {
     ++thread.depth;
   } else if (!decomposes(fn)) {
     thread.depth = 1;
+    thread.matmul = thread.counter->workspace_size > 0 && multiplies_matrices(fn);
   }
   return nullptr;
 }
@@ -521,6 +591,27 @@ void free_resized(OpThread& thread) {
     thread.counter->segments.free(block);
   }
   thread.resized.clear();
+}
+
+// The calling thread's workspace (the autograd engine's inside backward), allocated if it has
+// none: as the tracker's CublasWorkspaces does after a matrix multiply's outputs are counted.
+void take_workspace(OpThread& thread) {
+  OpCounter* counter = thread.counter;
+  const void* key = thread.backward > 0 ? static_cast<const void*>(&g_autograd_thread)
+                                        : static_cast<const void*>(&t_marker);
+  int64_t size = counter->workspace_size;
+  {
+    Guard guard(counter->mutex);
+    if (size <= 0 || counter->workspaces.count(key) > 0) {
+      return;
+    }
+  }
+  CountingAllocator::check_limit(thread, size);
+  {
+    Guard guard(counter->mutex);
+    counter->workspaces[key] = {counter->segments.malloc(size), size};
+  }
+  add(counter, size);
 }
 
 void leave_op(OpThread& thread) {
@@ -539,9 +630,22 @@ void leave_op(OpThread& thread) {
   thread.pending.clear();
   thread.pending_bytes = 0;
   free_resized(thread);
+  if (thread.matmul) {
+    thread.matmul = false;
+    take_workspace(thread);
+  }
 }
 
-void on_op_end(const at::RecordFunction&, at::ObserverContext*) { leave_op(t_op); }
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  OpThread& thread = t_op;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    if (thread.backward > 0) {
+      --thread.backward;
+    }
+    return;
+  }
+  leave_op(thread);
+}
 
 }  // namespace
 
@@ -616,10 +720,13 @@ int pytest_vram_op_watch(void* handle) {
   }
   thread.counter = counter;
   thread.depth = 0;
+  thread.matmul = false;
+  thread.backward = 0;
   thread.pending.clear();
   thread.pending_bytes = 0;
   thread.callback = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(on_op_start, on_op_end).scopes({at::RecordScope::FUNCTION}));
+      at::RecordFunctionCallback(on_op_start, on_op_end)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   return 0;
 }
 
@@ -636,6 +743,65 @@ void pytest_vram_op_unwatch(void* handle) {
   thread.depth = 0;
   thread.pending.clear();
   thread.pending_bytes = 0;
+}
+
+// The size of the cuBLAS workspaces that matrix multiplies allocate from now on (0: none).
+void pytest_vram_op_workspace_size(void* handle, int64_t size) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  Guard guard(counter->mutex);
+  counter->workspace_size = size;
+}
+
+// Lays the counter's live blocks out on a fresh segment model, largest first, as
+// OwnSegments.restart() in segments.py does: what making a broader-scoped fixture cost, cached
+// blocks included, is forgotten, as a later test never sees it. Called between ops.
+void pytest_vram_op_relayout(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  std::vector<std::unique_lock<SpinLock>> shard_locks;
+  for (size_t i = 0; i < kShards; ++i) {
+    shard_locks.emplace_back(g_shards[i].mutex);
+  }
+  Guard guard(counter->mutex);
+  std::vector<std::pair<int64_t, SegmentBlock**>> live;
+  for (size_t i = 0; i < kShards; ++i) {
+    for (auto& [data, block] : g_shards[i].blocks) {
+      if (block.op_counter == counter && !block.pending) {
+        live.emplace_back(block.op_size, &block.segment_block);
+      }
+    }
+  }
+  for (auto& [key, workspace] : counter->workspaces) {
+    live.emplace_back(workspace.second, &workspace.first);
+  }
+  std::stable_sort(live.begin(), live.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  SegmentModel fresh;
+  fresh.next_addr = counter->segments.next_addr;  // addresses stay unique
+  std::vector<SegmentBlock*> used;
+  for (auto& [size, slot] : live) {
+    used.push_back(*slot);
+    *slot = fresh.malloc(size);
+  }
+  counter->segments.discard(used);
+  counter->segments = std::move(fresh);
+}
+
+// Lets every workspace go, as torch._C._cuda_clearCublasWorkspaces() does; how many there were.
+int pytest_vram_op_clear_workspaces(void* handle) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  int64_t released = 0;
+  int count = 0;
+  {
+    Guard guard(counter->mutex);
+    for (auto& [key, workspace] : counter->workspaces) {
+      counter->segments.free(workspace.first);
+      released += workspace.second;
+      ++count;
+    }
+    counter->workspaces.clear();
+  }
+  counter->current.fetch_sub(released, std::memory_order_relaxed);
+  return count;
 }
 
 void pytest_vram_op_reset_peak(void* handle) {

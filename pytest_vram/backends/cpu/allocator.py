@@ -62,6 +62,9 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_reset_segment_peaks", None, [handle]),
         ("pytest_vram_op_inactive_split_bytes", ctypes.c_int64, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
+        ("pytest_vram_op_workspace_size", None, [handle, ctypes.c_int64]),
+        ("pytest_vram_op_clear_workspaces", ctypes.c_int, [handle]),
+        ("pytest_vram_op_relayout", None, [handle]),
         ("pytest_vram_cuda_guard", ctypes.c_int, [ctypes.c_int]),
     ]:
         try:
@@ -220,3 +223,17 @@ class OpCounter(_ReadInPlace):
 
     def reset_segment_peaks(self) -> None:
         self._library.pytest_vram_op_reset_segment_peaks(self._handle)
+
+    def workspace_size(self, nbytes: int) -> None:
+        """From now on the first matrix multiply of each thread (of the autograd engine, inside
+        backward) allocates a cuBLAS workspace of ``nbytes`` after its outputs, as
+        :class:`~pytest_vram.backends.sim.workspaces.CublasWorkspaces` does (0: none)."""
+        self._library.pytest_vram_op_workspace_size(self._handle, nbytes)
+
+    def relayout(self) -> None:
+        """Lay the live blocks out on a fresh segment model, largest first (between ops)."""
+        self._library.pytest_vram_op_relayout(self._handle)
+
+    def clear_workspaces(self) -> int:
+        """Let every workspace go; how many there were."""
+        return self._library.pytest_vram_op_clear_workspaces(self._handle)

@@ -118,7 +118,7 @@ class SimBackend(Backend):
         #: Computing: what the test may hold of the host's memory.
         self._host = HostLimit()
         #: Computing: the op counter, for the tests it can count.
-        self._ops = OpCounting()
+        self._ops = OpCounting(self.workspaces.size)
         #: What the next test's fixtures made before it hold, and whether it has fixtures of
         #: a broader scope (:meth:`own_memory`).
         self._next_own: tuple[list[torch.Tensor], bool] | None = None
@@ -238,7 +238,7 @@ class SimBackend(Backend):
     def begin_test(self) -> None:
         if self._active:
             return
-        held, fixtures = self._next_own or ([], False)
+        held = (self._next_own or ([], False))[0]
         self._next_own = None
         self._counters_at_start = (self.segments.num_ooms, self.segments.num_alloc_retries)
         # The dispatch mode first: entering FakeTensorMode reads torch.cuda.is_available(),
@@ -246,15 +246,14 @@ class SimBackend(Backend):
         computing = self.computing
         # A capacity needs its out-of-memory at the allocation, which only the tracker, which
         # asks the segments at each allocation, can raise; listeners hear from the tracker.
-        # The op counter's segments are the test's own only when they start empty, and its
-        # fixtures' storages could not be laid out on them anew: the tracker counts then.
-        # The op counter sees no op in Python, so no matrix multiply that needs a workspace.
+        # The op counter's segments are the test's own only when they start empty, and the
+        # storages its fixtures already hold could not be laid out on them: the tracker counts
+        # then. A fixture made in the test's set-up is laid out anew once made (restart_own).
         native = (
             computing
             and self.capacity is None
-            and not self.workspaces.size
             and not self.tracker.listeners
-            and not fixtures
+            and not held
             and self._ops.can_start()
         )
         mode: Any = None if native else self.tracker.mode if computing else self.fake_mode
@@ -388,6 +387,7 @@ class SimBackend(Backend):
         is live, as in a later test that finds it made."""
         self.tracker.flush()
         self.own_segments.restart()
+        self._ops.relayout()
 
     def _new_workspace(self, nbytes: int) -> torch.Tensor:
         """A cuBLAS workspace: a storage of ``nbytes`` the device counts, made in an op's
@@ -403,11 +403,13 @@ class SimBackend(Backend):
 
     def release_workspaces(self) -> None:
         self.workspaces.clear()
+        self._ops.clear_workspaces()
         self.tracker.flush()
 
     def release_cache(self) -> None:
         # As the per-test clean-up on cuda: the workspaces go, then the cache.
         self.workspaces.clear()
+        self._ops.clear_workspaces()
         self.tracker.flush()
         self.segments.empty_cache()
         own = self.own_segments.model

@@ -25,9 +25,11 @@ __all__ = ["OpCounting"]
 class OpCounting:
     """The op counter, made for the first computing test that can count there."""
 
-    def __init__(self) -> None:
+    def __init__(self, workspace_size: int = 0) -> None:
         #: The op counter (None until made, or where it cannot be built: the tracker counts).
         self.counter: cpu_allocator.OpCounter | None = None
+        #: The bytes of a cuBLAS workspace, which each thread's first matrix multiply allocates.
+        self._workspace_size = workspace_size
         self._unavailable: str | None = None
         #: Whether the running test counts with the op counter.
         self.active = False
@@ -42,6 +44,8 @@ class OpCounting:
                 self.counter = cpu_allocator.OpCounter()
             except cpu_allocator.CounterUnavailable as exc:
                 self._unavailable = str(exc)
+            else:
+                self.counter.workspace_size(self._workspace_size)
         return self.counter is not None and self.counter.segments().reserved == 0
 
     def start(self) -> None:
@@ -120,3 +124,14 @@ class OpCounting:
     def empty_cache(self) -> None:
         if self.counter is not None:
             self.counter.empty_cache()
+
+    def relayout(self) -> None:
+        """While the running test counts here: lay what is live out anew on fresh segments,
+        as :meth:`~pytest_vram.backends.segments.OwnSegments.restart` does."""
+        if self.active and self.own:
+            assert self.counter is not None
+            self.counter.relayout()
+
+    def clear_workspaces(self) -> None:
+        if self.counter is not None:
+            self.counter.clear_workspaces()
