@@ -47,6 +47,18 @@ def test_an_op_output_counts_rounded_as_the_cuda_allocator_rounds(
     assert ops.current == before
 
 
+def test_an_op_output_counts_the_block_handed_out_as_cuda_does(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    # 19.5 MiB takes a 20 MiB segment; the half MiB left is too small to split off, so the
+    # block handed out, and counted allocated on CUDA, is the whole segment.
+    x = torch.empty(39 * MiB // 2, dtype=torch.uint8)
+    assert (ops.current, ops.peak) == (20 * MiB, 20 * MiB)
+    assert ops.segments().allocated == 20 * MiB
+    del x
+    assert ops.current == 0
+
+
 @pytest.mark.parametrize(
     "op",
     [lambda x: tuple(x.median(dim=0)), lambda x: (torch.unique(x),)],

@@ -265,7 +265,8 @@ struct OpCounter {
   // cuBLAS workspaces (0: none): the first matrix multiply of a thread, or of the autograd
   // engine's backward, allocates one of this size after its outputs, held until cleared.
   int64_t workspace_size = 0;
-  std::unordered_map<const void*, std::pair<SegmentBlock*, int64_t>> workspaces;  // and size
+  // and the bytes handed out for each
+  std::unordered_map<const void*, std::pair<SegmentBlock*, int64_t>> workspaces;
 };
 static_assert(offsetof(OpCounter, current) == 0, "current is read at offset 0");
 
@@ -289,8 +290,9 @@ struct OpThread {
 thread_local OpThread t_op;
 
 // A counted block: its size, the counters that counted it, and the wrapped allocation's own
-// context and deleter, which free it; for an op counter, its rounded size, its block in the
-// segment model and whether it still waits for its op to return.
+// context and deleter, which free it; for an op counter, the bytes it counts (its rounded
+// request while it waits for its op to return, then the block handed out), its block in the
+// segment model and whether it still waits.
 struct Block {
   size_t nbytes;
   void* context;
@@ -300,6 +302,7 @@ struct Block {
   int64_t op_size;
   SegmentBlock* segment_block;
   bool pending;
+  int64_t op_request;  // the rounded request, which a relayout asks for again
 };
 
 // Counted blocks by data pointer, in shards so that threads freeing blocks rarely contend.
@@ -339,13 +342,15 @@ int64_t round_like_cuda(size_t nbytes) {
   return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock;
 }
 
-// Counts a block of an op counter; the caller holds the block's shard lock.
+// Counts a block of an op counter; the caller holds the block's shard lock. It counts the
+// block handed out, as CUDA counts allocated bytes: a remainder too small to split off with it.
 void commit(Block& block) {
   OpCounter* counter = block.op_counter;
   block.pending = false;
   {
     Guard guard(counter->mutex);
     block.segment_block = counter->segments.malloc(block.op_size);
+    block.op_size = block.segment_block->size;
   }
   add(counter, block.op_size);
 }
@@ -408,7 +413,7 @@ struct CountingAllocator final : c10::Allocator {
   // CPU allocation (copy-on-write clones and the raw interface depend on it).
   c10::DataPtr allocate(size_t nbytes) override {
     Block block{nbytes, nullptr, nullptr, {nullptr, nullptr, nullptr, nullptr}, nullptr, 0,
-                nullptr, false};
+                nullptr, false, 0};
     bool counted = false;
     if (nbytes > 0) {
       const void* me = &t_marker;
@@ -424,7 +429,7 @@ struct CountingAllocator final : c10::Allocator {
       OpThread& thread = t_op;
       if (thread.counter != nullptr && thread.uncounted == 0 && thread.depth > 0) {
         block.op_counter = thread.counter;
-        block.op_size = round_like_cuda(nbytes);
+        block.op_size = block.op_request = round_like_cuda(nbytes);
         check_limit(thread, block.op_size);
         counted = true;
       }
@@ -607,11 +612,13 @@ void take_workspace(OpThread& thread) {
     }
   }
   CountingAllocator::check_limit(thread, size);
+  SegmentBlock* block;
   {
     Guard guard(counter->mutex);
-    counter->workspaces[key] = {counter->segments.malloc(size), size};
+    block = counter->segments.malloc(size);
+    counter->workspaces[key] = {block, block->size};
   }
-  add(counter, size);
+  add(counter, block->size);
 }
 
 void leave_op(OpThread& thread) {
@@ -766,12 +773,12 @@ void pytest_vram_op_relayout(void* handle) {
   for (size_t i = 0; i < kShards; ++i) {
     for (auto& [data, block] : g_shards[i].blocks) {
       if (block.op_counter == counter && !block.pending) {
-        live.emplace_back(block.op_size, &block.segment_block);
+        live.emplace_back(block.op_request, &block.segment_block);
       }
     }
   }
   for (auto& [key, workspace] : counter->workspaces) {
-    live.emplace_back(workspace.second, &workspace.first);
+    live.emplace_back(counter->workspace_size, &workspace.first);
   }
   std::stable_sort(live.begin(), live.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
