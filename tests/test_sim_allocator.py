@@ -240,3 +240,16 @@ def test_workspaces_that_outlive_a_test_are_not_its_leftover(pytester: pytest.Py
     # The peak holds the forward's and autograd's workspaces; what the test left holds none.
     assert test["peak_allocated"] >= 2 * 32 * 2**20
     assert test["leftover"] == 0
+
+
+def test_empty_cache_keeps_the_workspaces_as_cuda_does(sim: SimBackend) -> None:
+    # CUDA's emptyCache returns cached blocks only; a workspace is a block in use, and the
+    # next matrix product on the thread makes none.
+    a = torch.randn(64, 64, device="cuda")
+    a @ a
+    held = sim.allocated()
+    torch.cuda.empty_cache()
+    assert sim.allocated() == held
+    assert len(sim.workspaces.held()) == 1
+    a @ a
+    assert len(sim.workspaces.held()) == 1

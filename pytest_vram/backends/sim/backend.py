@@ -410,6 +410,10 @@ class SimBackend(Backend):
         # As the per-test clean-up on cuda: the workspaces go, then the cache.
         self.workspaces.clear()
         self._ops.clear_workspaces()
+        self.empty_cache()
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: the cached blocks go, the cuBLAS workspaces stay."""
         self.tracker.flush()
         self.segments.empty_cache()
         own = self.own_segments.model
