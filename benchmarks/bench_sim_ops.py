@@ -44,9 +44,10 @@ class Simulated(AbstractContextManager):
     """One computing test on the simulated device; ``hooks``: through the Python hooks."""
 
     def __init__(self, hooks: bool) -> None:
-        # A capacity makes the tracker count (its out-of-memory comes at the allocation), and
-        # without the below-Python remapping the function mode answers device="cuda".
-        self.backend = SimBackend(capacity="1TB" if hooks else None)
+        # Made as the plugin makes it, with cuBLAS workspaces. A capacity makes the tracker
+        # count (its out-of-memory comes at the allocation), and without the below-Python
+        # remapping the function mode answers device="cuda".
+        self.backend = SimBackend(capacity="1TB" if hooks else None, workspaces=True)
         self.backend.use_values(True)
         self._hooks = hooks
         self._available: Callable[[], bool] = cudaremap.available
