@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from pytest_vram.backends.gradsums import accumulates_in_place
@@ -25,6 +26,17 @@ _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+
+# Arguments that FakeTensorMode's cache key takes as they are, after their type.
+_PLAIN_ARGS = frozenset(
+    {
+        int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+        torch.memory_format,
+    }
+)  # fmt: skip
+_STRIDED = torch.strided
+_CONTIGUOUS = torch.contiguous_format
+_LENGTHS = tuple(f"length_{n}" for n in range(64))
 
 
 def on_device(tensor: torch.Tensor) -> bool:
@@ -63,12 +75,19 @@ def _grouped_mm(
     return FakeTensor(mode, out, mat_a.fake_device)
 
 
+def _length(items: Any) -> str:
+    return _LENGTHS[len(items)] if len(items) < len(_LENGTHS) else f"length_{len(items)}"
+
+
 class SimFakeTensorMode(FakeTensorMode):
     """FakeTensorMode that counts the storages of what each op returns.
 
     Counting here, rather than in a second dispatch mode stacked on top, saves a trip through
     Python for every op; only the ops a program calls are counted, not those FakeTensorMode
     runs inside them (decompositions), just as a mode stacked above would see them.
+
+    The dispatch cache's key is made as FakeTensorMode makes it, item for item, only faster
+    for the arguments nearly every op has (see :meth:`_prep_args_for_hash`).
     """
 
     # Like the storage tracker's mode, this one opts out of the wrapper torch puts around every
@@ -84,6 +103,68 @@ class SimFakeTensorMode(FakeTensorMode):
         self._depth = 0
         #: What is known of the fake tensors' values without computing them.
         self.known = KnownValues()
+
+    def _prep_args_for_hash(
+        self, result: list[object], args: Any, state: Any, id_hashed_objects: list[object]
+    ) -> None:
+        """FakeTensorMode's flattening of an op's arguments into its cache key, the same items
+        in the same order: a dense fake tensor's metadata and plain scalars are written out
+        here, everything else is left to FakeTensorMode.
+
+        Making the key was a third of a shape-only op's time, mostly in building and walking
+        a ``TensorMetadata`` for each tensor argument.
+        """
+        append = result.append
+        if isinstance(args, (list, tuple, dict)):
+            append(type(args))
+            append(_length(args))
+            if isinstance(args, dict):
+                self._prep_args_for_hash(result, args.keys(), state, id_hashed_objects)
+                self._prep_args_for_hash(result, args.values(), state, id_hashed_objects)
+                return
+        for arg in args:
+            kind = type(arg)
+            if kind in _PLAIN_ARGS:
+                append(kind)
+                append(arg)
+            elif kind is list or kind is tuple:
+                self._prep_args_for_hash(result, arg, state, id_hashed_objects)
+            elif (
+                kind is FakeTensor
+                and arg.fake_mode is self
+                and arg.constant is None
+                and arg.layout is _STRIDED
+                and not arg._has_symbolic_sizes_strides
+            ):
+                # extract_tensor_metadata(arg)._flatten_into(result, ...), field by field.
+                shape = arg.shape
+                stride = arg.stride()
+                # Only 4-d and 5-d tensors can be channels-last.
+                memory_format = suggest_memory_format(arg) if len(shape) in (4, 5) else _CONTIGUOUS
+                if not arg.is_contiguous(memory_format=memory_format):
+                    memory_format = None
+                append(arg.dtype)
+                append(torch.Size)
+                append(_length(shape))
+                for size in shape:
+                    append(int)
+                    append(size)
+                append(tuple)
+                append(_length(stride))
+                for step in stride:
+                    append(int)
+                    append(step)
+                result.extend(
+                    (
+                        arg.device, _STRIDED, memory_format, arg.storage_offset(),
+                        arg.untyped_storage().nbytes(), arg.requires_grad, arg.is_quantized,
+                        arg.is_conj(), arg.is_neg(), arg.is_inference(),
+                        False, None, None, None,  # not sparse: no coalescing, no sparse dims
+                    )
+                )  # fmt: skip
+            else:
+                # Symbolic sizes, other modes' or constant fakes, real tensors, callables.
+                super()._prep_args_for_hash(result, iter((arg,)), state, id_hashed_objects)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SimFakeTensorMode:
         # copy.deepcopy(model) copies each fake tensor's __dict__, its mode included; there is
@@ -112,3 +193,28 @@ class SimFakeTensorMode(FakeTensorMode):
                 self._observe_output(func, out)
             self.known.after(func, args, kwargs or {}, out)
         return out
+
+
+def _writes_the_key_as_torch_does() -> bool:
+    """Whether this torch flattens an op's arguments into its cache key as
+    :meth:`SimFakeTensorMode._prep_args_for_hash` does: the same method signature, and the
+    same fields of a tensor's metadata (torch 2.13's). Elsewhere torch's own method runs."""
+    import dataclasses
+    import inspect
+
+    from torch._subclasses import fake_tensor
+
+    try:
+        parameters = list(inspect.signature(FakeTensorMode._prep_args_for_hash).parameters)
+        fields = [field.name for field in dataclasses.fields(fake_tensor.TensorMetadata)]
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return parameters == ["self", "result", "args", "state", "id_hashed_objects"] and fields == [
+        "dtype", "shape", "stride", "device", "layout", "memory_format", "storage_offset",
+        "storage_bytes", "requires_grad", "is_quantized", "is_conj", "is_neg", "is_inference",
+        "is_sparse", "is_coalesced", "dense_dim", "sparse_dim",
+    ]  # fmt: skip
+
+
+if not _writes_the_key_as_torch_does():
+    del SimFakeTensorMode._prep_args_for_hash

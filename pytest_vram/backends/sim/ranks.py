@@ -16,7 +16,11 @@ While the test runs, these are patched and put back, object for object (a
 - ``UntypedStorage.resize_``: FSDP2 frees and refills its unsharded parameters by resizing
   their storages, which dispatches no op; the tracker is told the new size.
 - DTensor's sharding propagation: it runs each op once more on global-shape fake tensors to
-  learn the output's shape; that allocates nothing on a real rank, and is not counted.
+  learn the output's shape; that allocates nothing on a real rank, and is not counted. For a
+  foreach op (an optimizer's step over every parameter) it reads all the op's argument specs
+  again for each tensor of the list, to settle one flag (``_StridedShard``'s order) that
+  depends on the op alone: read once per op, the step's sharding takes linear, not quadratic,
+  time in the number of parameters, and decides the same.
 - DDP: its check that every rank has the same parameter shapes reads the (fake) data, and the
   fake group's all-reduce gives its reducer no result; with one rank there is nothing to
   check, and a module that registered no communication hook of its own gets one that
@@ -174,6 +178,56 @@ def _pipeline_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
     return _warmup_p2p
 
 
+class _ArgsSpec:
+    """Stands in for an op's schema where only its argument specs are read."""
+
+    __slots__ = ("args_spec",)
+
+    def __init__(self, args_spec: tuple[Any, ...]) -> None:
+        self.args_spec = args_spec
+
+
+def _strided_specs(schema: Any) -> _ArgsSpec:
+    """Of ``schema``'s argument specs, those that decide the ``_StridedShard`` flag: the
+    flag comes from the specs with a ``_StridedShard`` placement, and one of them that holds
+    the flag they decide gives the same flag alone."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    strided = [
+        spec
+        for spec in schema.args_spec
+        if any(isinstance(p, _StridedShard) for p in spec.placements)
+    ]
+    # The flag as torch's loop settles it: agreement keeps it, disagreement makes it True.
+    flag = None
+    for spec in strided:
+        value = spec.use_strided_shard_as_shard_order
+        flag = True if flag is not None and flag != value else value
+    for spec in strided:
+        if spec.use_strided_shard_as_shard_order == flag:
+            return _ArgsSpec((spec,))
+    return _ArgsSpec(tuple(strided))
+
+
+def _strided_flag_once(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``_propagate_use_strided_shard_flag(strategy, schema)``, reading ``schema``'s argument
+    specs once for all the strategies of one op (a foreach op calls it for each tensor)."""
+    # The last schema and its deciding spec. Sound to keep: only torch's fix-up writes the
+    # flag afterwards, and it writes the flag the specs decided, which decides it again.
+    last: list[Any] = [None, None]
+
+    @functools.wraps(original)
+    def propagate(op_strategy: Any, op_schema: Any) -> None:
+        if last[0] is not op_schema:
+            last[0], last[1] = op_schema, _strided_specs(op_schema)
+        try:
+            original(op_strategy, last[1])
+        except AttributeError:  # a torch that reads more of the schema: give it the whole
+            original(op_strategy, op_schema)
+
+    return propagate
+
+
 class SimulatedRanks:
     """Rank 0 of a fake process group of ``world_size`` ranks, around one test on the sim."""
 
@@ -219,6 +273,11 @@ class SimulatedRanks:
         original = ShardingPropagator.__dict__.get(name)
         if original is not None:
             patches.shadow(ShardingPropagator, name, self._uncounted(original))
+        from torch.distributed.tensor import _sharding_prop
+
+        flag = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
+        if flag is not None:
+            patches.replace(_sharding_prop, flag.__name__, _strided_flag_once(flag))
 
     def _storage_resize(self) -> Callable[..., Any]:
         resize = torch.UntypedStorage.resize_

@@ -1,0 +1,124 @@
+"""Simulated ranks: DTensor's sharding of a foreach op reads the op's argument specs once.
+
+For each tensor of a foreach op's lists, DTensor settles ``_StridedShard``'s order flag from all
+the op's argument specs again: quadratic in the number of parameters, most of an optimizer
+step's time over a sharded 32B model. While simulated ranks run, the flag is settled once per op
+and decides the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.tensor import _sharding_prop
+from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
+
+from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.sim.ranks import SimulatedRanks, _strided_flag_once
+
+ORIGINAL = _sharding_prop._propagate_use_strided_shard_flag
+
+
+def spec(strided: bool, flag: bool) -> SimpleNamespace:
+    placements = (_StridedShard(0, split_factor=2), Shard(0)) if strided else (Replicate(),)
+    return SimpleNamespace(
+        placements=placements, use_strided_shard_as_shard_order=flag, shard_order=()
+    )
+
+
+class Schema:
+    """An op's schema as the flag reads it, counting the reads of its argument specs."""
+
+    def __init__(self, specs: list[SimpleNamespace]) -> None:
+        self._specs = tuple(specs)
+        self.reads = 0
+
+    @property
+    def args_spec(self) -> tuple[SimpleNamespace, ...]:
+        self.reads += 1
+        return self._specs
+
+
+def strategy(count: int) -> SimpleNamespace:
+    """A foreach op's strategy for one tensor: outputs and inputs with strided placements."""
+    specs = [
+        SimpleNamespace(output_specs=(spec(True, False),), input_specs=[spec(True, True)])
+        for _ in range(count)
+    ]
+    return SimpleNamespace(strategies=specs)
+
+
+def flags(strategy: SimpleNamespace) -> list[tuple[Any, ...]]:
+    return [
+        (s.use_strided_shard_as_shard_order, s.shard_order)
+        for op_spec in strategy.strategies
+        for s in (*op_spec.output_specs, *op_spec.input_specs)
+    ]
+
+
+# Every order of up to three strided specs and their flags, among specs without one.
+KINDS = [(True, True), (True, False), (False, False)]
+ARGUMENTS = [
+    [spec(strided, flag) for strided, flag in combination]
+    for length in range(4)
+    for combination in itertools.product(KINDS, repeat=length)
+]
+
+
+@pytest.mark.parametrize("arguments", ARGUMENTS)
+def test_the_flag_is_settled_as_torch_settles_it(arguments: list[SimpleNamespace]) -> None:
+    theirs, ours = strategy(2), strategy(2)
+    ORIGINAL(theirs, Schema(arguments))
+    _strided_flag_once(ORIGINAL)(ours, Schema(arguments))
+    assert flags(ours) == flags(theirs)
+
+
+def test_a_foreach_op_reads_its_argument_specs_once_under_simulated_ranks() -> None:
+    group = SimulatedRanks(2, SimBackend())
+    group.start()
+    try:
+        schema = Schema([spec(True, False), spec(True, True), spec(False, False)] * 100)
+        strategies = [strategy(1) for _ in range(300)]
+        for one in strategies:  # as DTensor does for each tensor of the op's lists
+            _sharding_prop._propagate_use_strided_shard_flag(one, schema)
+        assert schema.reads == 1
+        # Disagreeing flags settle on True, on every strategy.
+        assert all(flag for one in strategies for flag, _ in flags(one))
+    finally:
+        group.stop()
+    assert _sharding_prop._propagate_use_strided_shard_flag is ORIGINAL
+
+
+# The layers return views of their gathered outputs; nothing here writes to them in place.
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated_ranks() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    backend = SimBackend()
+    group = SimulatedRanks(4, backend)
+    group.start()
+    backend.begin_test()
+    try:
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, device="cuda") for _ in range(4)])
+        for layer in model:
+            parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        # Column-wise over tp, then FSDP over dp on the same dim: strided shards.
+        assert any(isinstance(p, _StridedShard) for p in model[0].weight.placements)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        model(torch.ones(8, 64, device="cuda")).sum().backward()
+        optimizer.step()
+        moments = optimizer.state[model[0].weight]["exp_avg"]
+        assert moments.placements == model[0].weight.placements
+        assert moments.to_local().shape == model[0].weight.to_local().shape == (16, 64)
+    finally:
+        backend.end_test()
+        group.stop()
