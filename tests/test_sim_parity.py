@@ -88,6 +88,44 @@ def test_a_gradient_sum_that_is_differentiated_stays_out_of_place(computing: boo
         del grad
 
 
+FILLED_BY_FORMULAS = {
+    "max": lambda x: x.max(dim=1).values,
+    "sort": lambda x: x.sort(dim=1).values,
+    "topk": lambda x: x.topk(8, dim=1).values,
+    "cummax": lambda x: x.cummax(dim=1).values,
+    "index": lambda x: x[torch.arange(0, 256, 2, device="cuda")],
+    "gather": lambda x: x.gather(1, torch.zeros(256, 4, dtype=torch.long, device="cuda")),
+    "index_select": lambda x: x.index_select(0, torch.arange(0, 256, 2, device="cuda")),
+    "take": lambda x: x.take(torch.arange(0, 1024, device="cuda")),
+}
+
+
+@pytest.mark.parametrize("op", FILLED_BY_FORMULAS.values(), ids=FILLED_BY_FORMULAS.keys())
+def test_a_derivative_that_fills_fresh_zeros_fills_them_in_place(op: Callable) -> None:
+    # These formulas fill the zeros they make in place for plain tensors, as on CUDA, and
+    # out of place, one more buffer the size of x, for fake tensors or under a dispatch mode.
+    # The op counter runs them as a plain CUDA run does: shape-only and the tracker agree.
+    peaks = {}
+    for way, computing, capacity in [
+        ("plain tensors (the op counter)", True, None),
+        ("shape-only", False, None),
+        ("computing through the tracker", True, "1TiB"),
+    ]:
+        backend = SimBackend(capacity=capacity, workspaces=True)
+        backend.use_values(computing)
+        backend.begin_test()
+        try:
+            x = torch.randn(256, 1024, device="cuda", requires_grad=True)  # 1 MiB
+            y = op(x)
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            y.backward(torch.ones_like(y))
+            peaks[way] = torch.cuda.max_memory_allocated() - before
+        finally:
+            backend.end_test()
+    assert len(set(peaks.values())) == 1, peaks
+
+
 @pytest.mark.parametrize("computing", COMPUTING)
 def test_tied_weights_moved_to_the_device_stay_tied(computing: bool) -> None:
     model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 1000, bias=False))

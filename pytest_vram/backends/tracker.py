@@ -25,7 +25,11 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_vram.backends.gradsums import accumulates_in_place
+from pytest_vram.backends.gradsums import (
+    IN_PLACE_SCATTERS,
+    accumulates_in_place,
+    scattered_in_place,
+)
 
 __all__ = [
     "AllocationListener",
@@ -424,6 +428,9 @@ class _TrackingMode(TorchDispatchMode):
         if func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
             # The engine's gradient sum, in place as it is when no record holds the storage.
             func = _ADD_IN_PLACE
+        elif func in IN_PLACE_SCATTERS:
+            # A derivative formula filling its fresh zeros, in place as without a mode.
+            func = scattered_in_place(func, sys._getframe(1)) or func
         # func._op skips OpOverload.__call__'s Python frame: this runs for every op.
         out = func._op(*args, **kwargs) if kwargs else func._op(*args)
         self._observe_output(func, out)

@@ -16,7 +16,11 @@ import torch
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from pytest_vram.backends.gradsums import accumulates_in_place
+from pytest_vram.backends.gradsums import (
+    IN_PLACE_SCATTERS,
+    accumulates_in_place,
+    scattered_in_place,
+)
 from pytest_vram.backends.sim.known import KnownValues
 from pytest_vram.backends.tracker import StorageTracker
 
@@ -179,6 +183,9 @@ class SimFakeTensorMode(FakeTensorMode):
                 return value
         elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
             func = _ADD_IN_PLACE  # the autograd engine's gradient sum, in place as on CUDA
+        elif func in IN_PLACE_SCATTERS:
+            # A derivative formula filling its fresh zeros, in place as on CUDA.
+            func = scattered_in_place(func, sys._getframe(1)) or func
         self._depth += 1
         try:
             if func is _GROUPED_MM:
