@@ -77,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config,
             policy=settings.sim_compute,
             backend=settings.backend,
-            tests=ItemState(session.discard),
+            tests=ItemState(session.discard, session.collect_again),
             xdist_controller=is_xdist_controller(config),
         )
         config.pluginmanager.register(values, VALUES_NAME)

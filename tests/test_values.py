@@ -328,6 +328,41 @@ def test_a_test_that_fails_on_a_guess_runs_as_without_it(pytester: pytest.Pytest
     assert runs_of(pytester, passed=2) == ["a", "fake"]
 
 
+FAILS_A_SUBTEST = """
+import unittest
+
+import torch
+from notes import note
+
+
+class TestSolver(unittest.TestCase):
+    def test_cases(self):
+        note("b")
+        for n in range(3):
+            with self.subTest(n=n):
+                note(f"b{n}")
+                self.assertNotEqual(torch.ones(2, device="cuda").sum().item(), 2.0 * (n == 1))
+"""
+
+
+def test_a_subtest_that_fails_on_a_guess_is_not_computed_a_third_time(
+    pytester: pytest.Pytester,
+) -> None:
+    files = {k: v for k, v in NEIGHBOURS.items() if k in ("test_a_reads", "notes")}
+    pytester.makepyfile(**files, test_b_solver=FAILS_A_SUBTEST)
+    computed = pytester.runpytest("--vram-report", "-p", "no:randomly", "--vram-sim-compute=always")
+    runs = pytester.path / "runs.txt"
+    runs.unlink()
+    result = pytester.runpytest("--vram-report", "-p", "no:randomly", "--cache-clear")
+    # The guess computes every subtest; shape-only (the sum of ones is known without
+    # computing) fails at n=1, a failure that may want values; the guess's run, what
+    # computing gives, stands: no third run.
+    assert runs.read_text().split() == ["a", "a", "b", "b0", "b1", "b2", "b", "b0", "b1"]
+    assert result.parseoutcomes() == computed.parseoutcomes() == {"failed": 1, "passed": 2}
+    result.stdout.fnmatch_lines(["*SUBFAIL*(n=1)*test_b_solver.py::TestSolver::test_cases*"])
+    assert result.stdout.str().count("SUBFAIL") == computed.stdout.str().count("SUBFAIL")
+
+
 @pytest.mark.slow
 def test_an_xdist_controller_remembers_what_its_workers_found(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(**NEIGHBOURS)

@@ -4,21 +4,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from pytest_vram.record.record import TestRecord
-from pytest_vram.stash import MARKER_ERROR, MARKS, MEASUREMENT, RECORD
+from pytest_vram.stash import MARKER_ERROR, MARKS, MEASUREMENT, PROPERTIES, RECORD
+
+# What a run of a test leaves on its item that the reports of that run are made from.
+_RUN_KEYS = (RECORD, MEASUREMENT, PROPERTIES)
 
 __all__ = ["ItemState"]
 
 
 class ItemState:
     """A measured test's marks, what it raised and its record, as the session left them;
-    ``discard`` forgets a record the session collected."""
+    ``discard`` forgets a record the session collected, ``collect`` collects it again."""
 
-    def __init__(self, discard: Callable[[TestRecord], None]) -> None:
+    def __init__(
+        self, discard: Callable[[TestRecord], None], collect: Callable[[TestRecord], None]
+    ) -> None:
         self._discard = discard
+        self._collect = collect
 
     def backend_of(self, item: pytest.Item) -> str | None:
         marks = item.stash.get(MARKS, None)
@@ -37,3 +44,21 @@ class ItemState:
         for key in (RECORD, MEASUREMENT):
             if key in item.stash:
                 del item.stash[key]
+
+    def set_aside(self, item: pytest.Item) -> dict[Any, Any]:
+        """Forget the run that just ended, keeping what :meth:`restore` needs to make it the
+        run that stands after all."""
+        kept = {key: item.stash[key] for key in _RUN_KEYS if key in item.stash}
+        self.forget(item)
+        return kept
+
+    def restore(self, item: pytest.Item, kept: dict[Any, Any]) -> None:
+        """Forget the run that just ended; the run set aside stands."""
+        self.forget(item)
+        if PROPERTIES in item.stash:
+            del item.stash[PROPERTIES]
+        for key, value in kept.items():
+            item.stash[key] = value
+        record = kept.get(RECORD)
+        if record is not None:
+            self._collect(record)

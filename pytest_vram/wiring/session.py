@@ -22,9 +22,9 @@ from pytest_vram.backends.sim.ondemand import (
     MAY_RUN_AGAIN,
     ON_A_GUESS,
     RunAgain,
-    needs_values_message,
     run_again,
 )
+from pytest_vram.backends.sim.valuesoff import needs_values_message
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.garbage import OLD_GARBAGE, collect_garbage
@@ -304,19 +304,19 @@ class VramSession:
         call: pytest.CallInfo[None],
         report: pytest.TestReport,
     ) -> pytest.TestReport:
-        if not report.failed:
-            if item.stash.get(MAY_RUN_AGAIN, None) is not None:
-                setattr(report, HELD_BACK, True)  # shown only if this run stands
-            return report
-        assert call.excinfo is not None
-        exc = call.excinfo.value
-        item.stash.setdefault(SUBTEST_ERRORS, []).append(exc)
-        if run_again(item, exc):
-            # The run ends here, its reports withdrawn; the next one reports this subtest.
-            raise RunAgain(first_line_of(exc)) from exc
-        explanation = self._explain(item, exc)
-        if explanation is not None:
-            return failed_instead(item, call, explanation)
+        may_run_again = item.stash.get(MAY_RUN_AGAIN, None) is not None
+        if report.failed:
+            assert call.excinfo is not None
+            exc = call.excinfo.value
+            item.stash.setdefault(SUBTEST_ERRORS, []).append(exc)
+            if run_again(item, exc):
+                # The run ends here, its reports withdrawn; the next one reports this subtest.
+                raise RunAgain(first_line_of(exc)) from exc
+            explanation = self._explain(item, exc)
+            if explanation is not None:
+                report = failed_instead(item, call, explanation)
+        if may_run_again:
+            setattr(report, HELD_BACK, True)  # shown only if this run stands
         return report
 
     def _explain(self, item: pytest.Item, exc: BaseException) -> str | None:
@@ -473,6 +473,11 @@ class VramSession:
     def discard(self, record: TestRecord) -> None:
         """Forget a record collected for a run of a test that is run again."""
         self.records[:] = [kept for kept in self.records if kept is not record]
+
+    def collect_again(self, record: TestRecord) -> None:
+        """Collect the record of a run set aside that stands after all."""
+        if not self.is_worker:
+            self.records.append(record)
 
     def notes_to_send(self) -> list[str]:
         """What a pytest-xdist worker has to say so far, for its controller to tell."""

@@ -29,10 +29,8 @@ Under pytest-rerunfailures each of its runs is such a run, shape-only first.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import types
-from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -52,7 +50,6 @@ __all__ = [
     "SHAPE_ONLY_CACHE_KEY",
     "RunAgain",
     "ValuesOnDemand",
-    "needs_values_message",
     "run_again",
 ]
 
@@ -88,69 +85,17 @@ class RunAgain(BaseException):
 
 
 def run_again(item: pytest.Item, exc: BaseException) -> bool:
-    """Whether the run of ``item`` that failed with ``exc`` is run again: shape-only for want
-    of values (a memory verdict, a leak, the device's out-of-memory are the same computing),
-    or computing on a guess (for any failure)."""
+    """Whether the run of ``item`` whose subtest failed with ``exc`` ends there, to be run
+    again: shape-only for want of values (a memory verdict, a leak, the device's
+    out-of-memory are the same computing); computing on a guess, past the guess's budget. A
+    guess's run that fails otherwise goes on to its end: it may stand (see
+    :meth:`ValuesOnDemand.runtestprotocol`)."""
     tried = item.stash.get(MAY_RUN_AGAIN, None)
     if tried is None:
         return False
-    return tried == "guess" or not (isinstance(exc, LeakError) or is_out_of_memory(exc))
-
-
-def needs_values_message(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
-    """The one error of a shape-only test that read a tensor's value and is not run again
-    computing; None when ``exc`` is not for want of values."""
-    from pytest_vram.backends.sim.backend import needs_values_error
-
-    cause = needs_values_error(exc)
-    if cause is None:
-        return None
-    where = _user_line(exc, rootpath) or _user_line(cause, rootpath) or "the test"
-    func = getattr(cause, "func", None)
-    return (
-        f"{where}: reads a tensor's value ({func}), which the simulated device does not "
-        "compute shape-only, and values on demand are off (--vram-sim-compute=never); run with "
-        "--vram-sim-compute=always to compute this test's values on the CPU (or auto: only "
-        "where a test needs them)"
-    )
-
-
-# pytest_vram/, three folders up from backends/sim/ondemand.py.
-_PACKAGE_FOLDER = str(Path(__file__).resolve().parents[2]) + os.sep
-
-
-def _not_users() -> tuple[str, ...]:
-    """The folders of the frames that are not the user's: torch, pytest, pluggy, the standard
-    library and this package."""
-    import _pytest
-    import pluggy
-    import torch
-
-    modules = (torch, pytest, _pytest, pluggy, contextlib)
-    folders = tuple(
-        os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-        for module in modules
-        if module.__file__
-    )
-    return (*folders, _PACKAGE_FOLDER)
-
-
-def _user_line(exc: BaseException, rootpath: os.PathLike[str] | str) -> str | None:
-    """``file:line`` of the innermost frame of ``exc``'s traceback in the user's code."""
-    not_users = _not_users()
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith((*not_users, "<")):
-            found = (filename, tb.tb_lineno)
-        tb = tb.tb_next
-    if found is None:
-        return None
-    filename, line = found
-    with contextlib.suppress(ValueError):  # on another drive: the whole path
-        filename = os.path.relpath(filename, rootpath)
-    return f"{filename}:{line}"
+    if tried == "guess":
+        return is_out_of_memory(exc)
+    return not (isinstance(exc, LeakError) or is_out_of_memory(exc))
 
 
 def test_file_of(item: pytest.Item) -> str:
@@ -185,6 +130,12 @@ class MeasuredTests(Protocol):
 
     def forget(self, item: pytest.Item) -> None:
         """Forget the record and the measurement of a run that is run again."""
+
+    def set_aside(self, item: pytest.Item) -> Any:
+        """Forget the run that just ended, keeping what ``restore`` needs to make it stand."""
+
+    def restore(self, item: pytest.Item, kept: Any) -> None:
+        """Forget the run that just ended: the run set aside stands after all."""
 
 
 class ValuesOnDemand:
@@ -312,17 +263,25 @@ class ValuesOnDemand:
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
         guessed_wrong = guess and self._worth_another_mode(item, reports, guessed=True)
+        guess_run = None
         if guessed_wrong:
             # Run as without the guess, and its file from now on: shape-only first.
             self.guessed.discard(module)
             self.shape_only.add(module)
-            self._forget(item, saved)
+            if self._within_budget(item):
+                # What computing with the whole budget would give, should shape-only want values.
+                guess_run = self._set_aside(item, reports, saved)
+            else:
+                self._forget(item, saved)
             computing = False
             reports = self._run(item, nextitem, False)
         if not computing and self._worth_another_mode(item, reports):
             reason = _first_failure_line(reports)
-            self._forget(item, saved)
-            reports = self._run(item, nextitem, True, reason)
+            if guess_run is not None:
+                reports = self._restore(item, guess_run, reason)
+            else:
+                self._forget(item, saved)
+                reports = self._run(item, nextitem, True, reason)
             if not _failed_or_xfailed(reports):
                 # The values were what the shape-only run lacked.
                 self.computing.add(module)
@@ -335,6 +294,49 @@ class ValuesOnDemand:
         held, self._held = self._held, []
         for report in held:
             item.ihook.pytest_runtest_logreport(report=report)
+        return reports
+
+    def _within_budget(self, item: pytest.Item) -> bool:
+        """Whether the guess's run that just failed stayed within its budget: computing with
+        the whole budget would fail alike."""
+        raised = self._tests.raised_in(item)
+        return not (
+            isinstance(raised, RunAgain) or (raised is not None and is_out_of_memory(raised))
+        )
+
+    def _set_aside(
+        self, item: pytest.Item, reports: list[pytest.TestReport], saved: tuple[list, list]
+    ) -> tuple[Any, ...]:
+        """Keep the run that just ended (its reports, those held back, what it left on the
+        item) and undo it, as :meth:`_forget` does."""
+        sections = getattr(item, "_report_sections", None)
+        kept = (
+            reports,
+            self._held,
+            list(item.user_properties),
+            list(sections) if isinstance(sections, list) else None,
+            self._tests.set_aside(item),
+        )
+        self._held = []
+        self._forget(item, saved)
+        return kept
+
+    def _restore(
+        self, item: pytest.Item, kept: tuple[Any, ...], reason: str | None
+    ) -> list[pytest.TestReport]:
+        """Make the run set aside the one that stands; its reports."""
+        reports, held, properties, sections, state = kept
+        self._tests.restore(item, state)
+        if COMPUTING_BECAUSE in item.stash:
+            del item.stash[COMPUTING_BECAUSE]
+        if reason is not None:
+            item.stash[COMPUTING_BECAUSE] = reason
+        item.stash[COMPUTING] = True
+        item.stash[ON_A_GUESS] = False
+        self._held = held
+        item.user_properties[:] = properties
+        if sections is not None and isinstance(getattr(item, "_report_sections", None), list):
+            item._report_sections[:] = sections  # type: ignore[attr-defined]
         return reports
 
     def _mode_of(self, module: str) -> tuple[bool, bool]:
@@ -385,8 +387,12 @@ class ValuesOnDemand:
         want of values; computing on a guess, past its budget or for any other reason. A
         memory verdict or a leak is the same in every mode, and so is the simulated device's
         out-of-memory; an xfail on a guess is the outcome computing gives, as plain does."""
-        if not (any(r.failed for r in reports) if guessed else _failed_or_xfailed(reports)):
+        held_failed = guessed and any(r.failed for r in self._held)
+        failed = any(r.failed for r in reports) or held_failed
+        if not (failed if guessed else _failed_or_xfailed(reports)):
             return False
+        if held_failed:
+            return True  # a subtest failed, which it may not in the other mode
         raised = self._tests.raised_in(item)
         if raised is None:
             # Nothing raised in setup or call: the memory verdict failed (a budget, a
