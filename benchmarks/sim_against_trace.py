@@ -63,6 +63,11 @@ import torch  # noqa: E402
 
 from pytest_vram.backends import create_backend  # noqa: E402
 from pytest_vram.backends.segments import Block, CachingAllocatorModel, round_request  # noqa: E402
+from pytest_vram.backends.traces import (  # noqa: E402
+    load_snapshot,
+    restore_before_recording,
+    trace_of,
+)
 
 #: The 2.7B row of ``get_model_config`` in the assignment's benchmark.py, and the settings of
 #: ``profile_memory_forward_fullstep``.
@@ -76,17 +81,6 @@ SHOWN = 12
 
 
 # -- the trace -------------------------------------------------------------------------------
-
-
-class GlobalsRefused(pickle.UnpicklingError):
-    pass
-
-
-class DataOnly(pickle.Unpickler):
-    """Loads plain data only: a snapshot that names any class or function is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise GlobalsRefused(f"refused {module}.{name}: a snapshot holds plain data only")
 
 
 @dataclass
@@ -141,11 +135,6 @@ def _trace_where(frames: list[dict[str, Any]]) -> tuple[str, str]:
     return " < ".join(python[:2]), f"{op} in {node}" if node else op
 
 
-def load_trace(path: Path) -> dict[str, Any]:
-    with path.open("rb") as file:
-        return DataOnly(file).load()
-
-
 class _Replay(CachingAllocatorModel):
     """The segment model, each new segment at the address the driver gave the real one."""
 
@@ -157,33 +146,10 @@ class _Replay(CachingAllocatorModel):
         return self.driver.pop(0)
 
 
-def restore(snapshot: dict[str, Any], model: CachingAllocatorModel) -> CachingAllocatorModel:
-    """``model`` holding what was on the device before recording: the blocks live at the end
-    that no traced request made, in the segments the trace did not ask for."""
-    (trace,) = [events for events in snapshot["device_traces"] if events]
-    traced_blocks = {e["addr"] for e in trace if e["action"] == "alloc"}
-    traced_segments = {e["addr"] for e in trace if e["action"] == "segment_alloc"}
-    for segment in snapshot["segments"]:
-        if segment["address"] in traced_segments:
-            continue
-        model.restore_segment(
-            segment["address"],
-            segment["total_size"],
-            [
-                (block["address"], block["size"])
-                for block in segment["blocks"]
-                if block["state"] == "active_allocated" and block["address"] not in traced_blocks
-            ],
-            small=segment["segment_type"] == "small",
-        )
-    model.reset_peak()
-    return model
-
-
 def real_run(snapshot: dict[str, Any]) -> Run:
     """The trace's requests and its allocated bytes as the real allocator counted them."""
-    (trace,) = [events for events in snapshot["device_traces"] if events]
-    model = restore(snapshot, _Replay())
+    trace = trace_of(snapshot)
+    model = restore_before_recording(snapshot, _Replay())
     run = Run(weights=model.allocated)
     live: dict[int, Block] = {}
     for event in trace:
@@ -205,7 +171,7 @@ def real_run(snapshot: dict[str, Any]) -> Run:
 def replay(snapshot: dict[str, Any], events: list[tuple[str, int, int]]) -> Run:
     """``events`` (another run's) from the state the snapshot's allocator was in when
     recording started: what that run's requests and frees give with the real weights' blocks."""
-    model = restore(snapshot, CachingAllocatorModel())
+    model = restore_before_recording(snapshot, CachingAllocatorModel())
     run = Run(weights=model.allocated)
     live: dict[int, Block | None] = {}
     for action, key, nbytes in events:
@@ -478,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         context, kind, mixed = int(found[1]), found[2], found[3] is not None
         try:
-            snapshot = load_trace(path)
+            snapshot = load_snapshot(path)
             real = real_run(snapshot)
         except (OSError, pickle.UnpicklingError, ValueError, KeyError, TypeError) as exc:
             raise SystemExit(

@@ -17,24 +17,14 @@ from typing import Any
 import pytest
 
 from pytest_vram.backends.segments import Block, CachingAllocatorModel
+from pytest_vram.backends.traces import (
+    GlobalsRefused,
+    load_snapshot,
+    restore_before_recording,
+    trace_of,
+)
 
 TRACES = sorted((Path(__file__).parent / "data" / "traces").glob("*.pickle"))
-
-
-class GlobalsRefused(pickle.UnpicklingError):
-    pass
-
-
-class DataOnly(pickle.Unpickler):
-    """Loads plain data only: a snapshot that names any class or function is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise GlobalsRefused(f"{module}.{name}")
-
-
-def load(path: Path) -> dict[str, Any]:
-    with path.open("rb") as file:
-        return DataOnly(file).load()
 
 
 class Replay(CachingAllocatorModel):
@@ -53,26 +43,10 @@ class Replay(CachingAllocatorModel):
 
 
 def replay(snapshot: dict[str, Any]) -> tuple[Replay, dict[str, Any]]:
-    (trace,) = [events for events in snapshot["device_traces"] if events]
-    traced_blocks = {e["addr"] for e in trace if e["action"] == "alloc"}
-    traced_segments = {e["addr"] for e in trace if e["action"] == "segment_alloc"}
-    model = Replay()
+    trace = trace_of(snapshot)
     # What was there before recording started: the blocks in use at the end that no traced
     # request made (no trace frees one of them), the rest of their segments cached.
-    for segment in snapshot["segments"]:
-        if segment["address"] in traced_segments:
-            continue
-        model.restore_segment(
-            segment["address"],
-            segment["total_size"],
-            [
-                (block["address"], block["size"])
-                for block in segment["blocks"]
-                if block["state"] == "active_allocated" and block["address"] not in traced_blocks
-            ],
-            small=segment["segment_type"] == "small",
-        )
-    model.reset_peak()
+    model = restore_before_recording(snapshot, Replay())
     live: dict[int, Block] = {}
     misplaced = []
     requested = peak_requested = 0
@@ -102,7 +76,7 @@ def replay(snapshot: dict[str, Any]) -> tuple[Replay, dict[str, Any]]:
 
 @pytest.fixture(params=TRACES, ids=[path.stem for path in TRACES])
 def snapshot(request: pytest.FixtureRequest) -> dict[str, Any]:
-    return load(request.param)
+    return load_snapshot(request.param)
 
 
 def test_traces_are_committed() -> None:
@@ -158,4 +132,4 @@ def test_a_pickle_that_names_a_class_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [Path("x")]}))
     with pytest.raises(GlobalsRefused, match="pathlib"):
-        load(path)
+        load_snapshot(path)
