@@ -521,52 +521,38 @@ void raw_delete(void* data) {
   }
 }
 
-// Whether the op a RecordFunction stands for decomposes into other ops before any kernel runs
-// (CompositeImplicitAutograd): a dispatch mode sees the ops it decomposes into, not it. Records
-// that name no operator are treated alike. Cached by the name's address, which each operator's
-// schema keeps for as long as the operator is registered; the name is compared as well, in case
-// an operator was removed and another took its place.
-bool decomposes(const at::RecordFunction& fn) {
-  struct Entry {
-    std::string name;
-    bool decomposes;
-  };
-  thread_local std::unordered_map<const char*, Entry> cache;
-  const char* name = fn.name();
-  auto found = cache.find(name);
-  if (found != cache.end() && found->second.name == name) {
-    return found->second.decomposes;
-  }
-  bool result = true;
-  if (auto op_name = fn.operator_name()) {
-    auto handle = c10::Dispatcher::singleton().findOp(*op_name);
-    result = handle.has_value() &&
-             handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-  }
-  cache[name] = Entry{name, result};
-  return result;
-}
+// What the op counter needs to know of the op a RecordFunction stands for:
+// - whether it decomposes into other ops before any kernel runs (CompositeImplicitAutograd): a
+//   dispatch mode sees the ops it decomposes into, not it; records that name no operator are
+//   treated alike;
+// - whether it runs on cuBLAS on a GPU (workspaces.py's matmul_ops), and so needs a workspace.
+// Cached by the name's address, which each operator's schema keeps for as long as the operator
+// is registered; the name is compared as well, in case an operator was removed and another
+// took its place.
+struct OpFacts {
+  std::string name;
+  bool decomposes;
+  bool multiplies_matrices;
+};
 
-// Whether the op a RecordFunction stands for runs on cuBLAS on a GPU (workspaces.py's
-// matmul_ops), cached by the name's address as decomposes() is.
-bool multiplies_matrices(const at::RecordFunction& fn) {
-  static const std::set<std::string> names = {
+const OpFacts& facts_of(const at::RecordFunction& fn) {
+  static const std::set<std::string> matmuls = {
       "aten::mm",   "aten::addmm", "aten::_addmm_activation", "aten::bmm",     "aten::baddbmm",
       "aten::addbmm", "aten::mv",  "aten::addmv",             "aten::dot",     "aten::vdot",
       "aten::_int_mm", "aten::_scaled_mm"};
-  struct Entry {
-    std::string name;
-    bool matmul;
-  };
-  thread_local std::unordered_map<const char*, Entry> cache;
+  thread_local std::unordered_map<const char*, OpFacts> cache;
   const char* name = fn.name();
   auto found = cache.find(name);
   if (found != cache.end() && found->second.name == name) {
-    return found->second.matmul;
+    return found->second;
   }
-  bool result = names.count(name) > 0;
-  cache[name] = Entry{name, result};
-  return result;
+  bool decomposes = true;
+  if (auto op_name = fn.operator_name()) {
+    auto handle = c10::Dispatcher::singleton().findOp(*op_name);
+    decomposes = handle.has_value() &&
+                 handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  }
+  return cache[name] = OpFacts{name, decomposes, matmuls.count(name) > 0};
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -578,9 +564,12 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     ++thread.backward;
   } else if (thread.depth > 0) {
     ++thread.depth;
-  } else if (!decomposes(fn)) {
-    thread.depth = 1;
-    thread.matmul = thread.counter->workspace_size > 0 && multiplies_matrices(fn);
+  } else {
+    const OpFacts& facts = facts_of(fn);
+    if (!facts.decomposes) {
+      thread.depth = 1;
+      thread.matmul = facts.multiplies_matrices && thread.counter->workspace_size > 0;
+    }
   }
   return nullptr;
 }
