@@ -121,9 +121,9 @@ class Backend:
         """The peak of :meth:`own_reserved`."""
         return self.peak_reserved()
 
-    def own_memory(self, held: list[torch.Tensor], *, fixtures: bool) -> None:
-        """The storages ``held`` by the next test's broader-scoped fixtures (``fixtures``),
-        laid out first on its :attr:`own_segments`; nothing where there are none."""
+    def own_memory(self, held: list[torch.Tensor]) -> None:
+        """The storages ``held`` by the next test's broader-scoped fixtures, laid out first on
+        its :attr:`own_segments`; nothing where there are none."""
 
     def restart_own(self) -> None:
         """A broader-scoped fixture was made in the test's setup: its own figures start again

@@ -253,7 +253,7 @@ class OwnView:
 
     def begin_test(self) -> None:
         if self._own_memory is not None:
-            self._own_memory(self._held_tensors, fixtures=True)
+            self._own_memory(self._held_tensors)
         self._held_tensors = []
         self._backend.begin_test()
         self._offset = self._backend.allocated() - self.held

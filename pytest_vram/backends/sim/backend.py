@@ -119,9 +119,8 @@ class SimBackend(Backend):
         self._host = HostLimit()
         #: Computing: the op counter, for the tests it can count.
         self._ops = OpCounting(self.workspaces.size)
-        #: What the next test's fixtures made before it hold, and whether it has fixtures of
-        #: a broader scope (:meth:`own_memory`).
-        self._next_own: tuple[list[torch.Tensor], bool] | None = None
+        #: What the next test's broader-scoped fixtures made before it hold (:meth:`own_memory`).
+        self._next_own: list[torch.Tensor] = []
 
     @property
     def computing_reason(self) -> str | None:
@@ -228,18 +227,16 @@ class SimBackend(Backend):
         """The device size ``torch.cuda`` reports: the capacity, or :data:`UNLIMITED_TOTAL`."""
         return self.capacity if self.capacity is not None else UNLIMITED_TOTAL
 
-    def own_memory(self, held: list[torch.Tensor], *, fixtures: bool) -> None:
+    def own_memory(self, held: list[torch.Tensor]) -> None:
         """Before the next test begins: its fixtures that were made before it hold ``held``
-        (a tensor per storage), and ``fixtures`` says whether it has broader-scoped fixtures
-        at all. Its reserved figures (:meth:`own_reserved`) count those and its own
-        allocations, on segments of their own."""
-        self._next_own = (held, fixtures)
+        (a tensor per storage). Its reserved figures (:meth:`own_reserved`) count those and its
+        own allocations, on segments of their own."""
+        self._next_own = held
 
     def begin_test(self) -> None:
         if self._active:
             return
-        held = (self._next_own or ([], False))[0]
-        self._next_own = None
+        held, self._next_own = self._next_own, []
         self._counters_at_start = (self.segments.num_ooms, self.segments.num_alloc_retries)
         # The dispatch mode first: entering FakeTensorMode reads torch.cuda.is_available(),
         # which must be the real answer.
