@@ -58,6 +58,16 @@ def test_moving_to_the_device_copies_only_what_was_not_on_it() -> None:
         moved = before.cuda()
         assert moved is not before and torch.equal(moved, before)
         assert backend.allocated() - start == 4096
+        # Every way of naming the device copies a host tensor, counted; a dtype alone names
+        # none, and what has it already is returned as it is.
+        for moved in (
+            before.to(0),
+            before.to(torch.device("cuda")),
+            before.to(device="cuda:0"),
+            before.to("cuda", torch.float64),
+        ):
+            assert moved is not before and backend.counted(moved)
+        assert before.to(torch.float32) is before
         on_device = torch.ones(1024, device="cuda")
         assert on_device.cuda() is on_device
         assert on_device.to("cuda") is on_device

@@ -285,7 +285,7 @@ struct OpThread {
   std::vector<SegmentBlock*> resized;
   at::CallbackHandle callback = 0;
   bool matmul = false;  // the outermost op is a matrix multiply, which needs a workspace
-  int backward = 0;  // nesting of the autograd nodes running on this thread
+  int backward = 0;  // nesting of autograd nodes, where get_current_graph_task_id is missing
 };
 thread_local OpThread t_op;
 
@@ -523,36 +523,76 @@ void raw_delete(void* data) {
 
 // What the op counter needs to know of the op a RecordFunction stands for:
 // - whether it decomposes into other ops before any kernel runs (CompositeImplicitAutograd): a
-//   dispatch mode sees the ops it decomposes into, not it; records that name no operator are
-//   treated alike;
+//   dispatch mode sees the ops it decomposes into, not it; records that name no operator (the
+//   autograd engine's, one per node it evaluates, each with a name of its own) are treated
+//   alike, and not cached;
 // - whether it runs on cuBLAS on a GPU (workspaces.py's matmul_ops), and so needs a workspace.
 // Cached by the name's address, which each operator's schema keeps for as long as the operator
-// is registered; the name is compared as well, in case an operator was removed and another
-// took its place.
+// is registered, in a small table indexed by that address (a lookup is a load and a compare);
+// the name is compared as well, in case an operator was removed and another took its place.
 struct OpFacts {
   std::string name;
   bool decomposes;
   bool multiplies_matrices;
 };
 
+constexpr size_t kFactSlots = 1024;
+struct FactSlot {
+  const char* key = nullptr;
+  const OpFacts* facts = nullptr;
+};
+
+const OpFacts kNoOperator{"", true, false};
+
 const OpFacts& facts_of(const at::RecordFunction& fn) {
   static const std::set<std::string> matmuls = {
       "aten::mm",   "aten::addmm", "aten::_addmm_activation", "aten::bmm",     "aten::baddbmm",
       "aten::addbmm", "aten::mv",  "aten::addmv",             "aten::dot",     "aten::vdot",
       "aten::_int_mm", "aten::_scaled_mm"};
-  thread_local std::unordered_map<const char*, OpFacts> cache;
+  thread_local FactSlot slots[kFactSlots];
+  // Every OpFacts a thread made, for as long as the thread lives: slots point into it.
+  thread_local std::unordered_map<std::string, OpFacts> made;
   const char* name = fn.name();
-  auto found = cache.find(name);
-  if (found != cache.end() && found->second.name == name) {
-    return found->second;
+  FactSlot& slot = slots[(reinterpret_cast<uintptr_t>(name) >> 3) % kFactSlots];
+  if (slot.key == name && slot.facts->name == name) {
+    return *slot.facts;
   }
-  bool decomposes = true;
-  if (auto op_name = fn.operator_name()) {
+  auto op_name = fn.operator_name();
+  if (!op_name) {
+    return kNoOperator;
+  }
+  auto found = made.find(name);
+  if (found == made.end()) {
     auto handle = c10::Dispatcher::singleton().findOp(*op_name);
-    decomposes = handle.has_value() &&
-                 handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    bool decomposes =
+        handle.has_value() &&
+        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    found = made.emplace(name, OpFacts{name, decomposes, matmuls.count(name) > 0}).first;
   }
-  return cache[name] = OpFacts{name, decomposes, matmuls.count(name) > 0};
+  slot.key = name;
+  slot.facts = &found->second;
+  return found->second;
+}
+
+// Whether the calling thread runs backward: torch::autograd::get_current_graph_task_id() (the
+// graph task whose nodes it evaluates, -1 outside backward), found at run time. Where a torch
+// build lacks it, the op counter hears of each node through its BACKWARD_FUNCTION record
+// instead (OpThread::backward), at the cost of a record per node.
+using GraphTaskId = int (*)();
+GraphTaskId graph_task_id_function() {
+  static const GraphTaskId found = [] {
+    void* library = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    void* symbol = library != nullptr
+                       ? dlsym(library, "_ZN5torch8autograd25get_current_graph_task_idEv")
+                       : nullptr;
+    return reinterpret_cast<GraphTaskId>(symbol);
+  }();
+  return found;
+}
+
+bool in_backward(const OpThread& thread) {
+  GraphTaskId graph_task_id = graph_task_id_function();
+  return graph_task_id != nullptr ? graph_task_id() != -1 : thread.backward > 0;
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -591,7 +631,7 @@ void free_resized(OpThread& thread) {
 // none: as the tracker's CublasWorkspaces does after a matrix multiply's outputs are counted.
 void take_workspace(OpThread& thread) {
   OpCounter* counter = thread.counter;
-  const void* key = thread.backward > 0 ? static_cast<const void*>(&g_autograd_thread)
+  const void* key = in_backward(thread) ? static_cast<const void*>(&g_autograd_thread)
                                         : static_cast<const void*>(&t_marker);
   int64_t size = counter->workspace_size;
   {
@@ -720,9 +760,13 @@ int pytest_vram_op_watch(void* handle) {
   thread.backward = 0;
   thread.pending.clear();
   thread.pending_bytes = 0;
-  thread.callback = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(on_op_start, on_op_end)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  auto callback = at::RecordFunctionCallback(on_op_start, on_op_end);
+  if (graph_task_id_function() != nullptr) {
+    callback.scopes({at::RecordScope::FUNCTION});
+  } else {
+    callback.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+  }
+  thread.callback = at::addThreadLocalCallback(std::move(callback));
   return 0;
 }
 

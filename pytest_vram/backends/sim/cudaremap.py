@@ -169,6 +169,23 @@ def _method(special: Callable, original: Callable) -> Callable:
     return method
 
 
+# What a device argument may be: "cuda", "cuda:1", torch.device("cuda"), a bare index.
+_DEVICE_ARGUMENTS = (str, torch.device, int)
+
+
+def _tensor_to(special: Callable, original: Callable) -> Callable:
+    """``Tensor.to``: most calls name a dtype or another tensor, which go to the original
+    straight away; a device goes to ``special``."""
+
+    @functools.wraps(original)
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if (not args or not isinstance(args[0], _DEVICE_ARGUMENTS)) and "device" not in kwargs:
+            return original(self, *args, **kwargs)
+        return special(original, (self, *args), kwargs)
+
+    return to
+
+
 def _autocast_with_mode(mode: Any) -> Iterator[tuple[object, str, object]]:
     """``torch.autocast("cuda")`` blocks run under ``mode``, which applies CUDA's op lists."""
     autocast = torch.amp.autocast_mode.autocast
@@ -204,7 +221,9 @@ def replacements(
     scalars, the CUDA lazy initialisation (a no-op) and autocast's entry and exit."""
     for original, special in specials.items():
         name = getattr(original, "__name__", None)
-        if name is not None and name != "__format__":
+        if name == "to":
+            yield torch.Tensor, name, _tensor_to(special, original)
+        elif name is not None and name != "__format__":
             yield torch.Tensor, name, _method(special, original)
     made = {original.__name__: original for original in host_factories}
     for name in _PINNING_FACTORIES:

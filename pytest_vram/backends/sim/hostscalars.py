@@ -78,13 +78,15 @@ class HostScalars:
         Capturable and fused optimizers put them on the parameters' device, which is ``cpu``
         on the simulated device too, so their factories are left alone.
         """
+        optimizer = self.stepping_optimizer()
+        if optimizer is None:  # nearly every call: first, as it is the cheapest
+            return False
         device = kwargs.get("device") if kwargs else None
         if device is not None and is_cuda_device(device):
             return False
         if func in _COPYING_FACTORIES and args and isinstance(args[0], torch.Tensor):
             return False
-        optimizer = self.stepping_optimizer()
-        if optimizer is None or torch.get_default_device().type == "cuda":
+        if torch.get_default_device().type == "cuda":
             return False
         groups = getattr(optimizer, "param_groups", None)
         if not isinstance(groups, list):

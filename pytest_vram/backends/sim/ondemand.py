@@ -15,9 +15,11 @@ nothing of, run right after a file that computed, computes too, on a guess: test
 each other tend to be alike. A guess may hold little host memory (``sim.GUESS_BUDGET``). A test
 that fails on a guess (past that budget, or for any reason but a memory verdict) runs again as
 without it, shape-only first, and so does the rest of its file, remembered as such
-(``vram/shape_only``). Either way the figures are the same. Fixtures of a broader scope made in
-one mode hold tensors the other cannot use (fake ones cannot give values, real ones are not the
-shape-only device's), so a test of the other mode finds them torn down and made anew.
+(``vram/shape_only``), unless the shape-only run fails too (for any reason but memory): then
+the guess's run stands and its file stays on a guess. Either way the figures are the same.
+Fixtures of a broader scope made in one mode hold tensors the other cannot use (fake ones cannot
+give values, real ones are not the shape-only device's), so a test of the other mode finds them
+torn down and made anew.
 
 Subtests (pytest's ``subtests`` fixture, ``unittest``'s ``self.subTest``) report while the test
 runs. In a run that is tried again if it fails, the first failing subtest ends the run at once
@@ -278,7 +280,11 @@ class ValuesOnDemand:
         if not computing and self._worth_another_mode(item, reports):
             reason = _first_failure_line(reports)
             if guess_run is not None:
+                # Shape-only failed too: the guess was no worse, and its file stays on a guess.
                 reports = self._restore(item, guess_run, reason)
+                guessed_wrong = False
+                self.shape_only.discard(module)
+                self.guessed.add(module)
             else:
                 self._forget(item, saved)
                 reports = self._run(item, nextitem, True, reason)
