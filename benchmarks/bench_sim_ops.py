@@ -5,9 +5,11 @@ operations an iteration) plain on the CPU, then computing on the simulated devic
 way (op outputs counted by the op counter in C++, ``device="cuda"`` answered below Python), and
 then through Python hooks (a function mode that sends ``device="cuda"`` to the CPU and a
 dispatch mode that counts each output, as where the counting library cannot be built).
-Prints the median time per operation of each, over rounds that alternate the three.
+Prints the median time per operation of each, over rounds that alternate the three. With
+``--backward`` the loop is a training step of a two-layer network on 4x4 tensors instead
+(forward, ``backward()`` and an SGD update: an autograd node for each forward operation).
 
-    python benchmarks/bench_sim_ops.py [--iterations 20000] [--rounds 7]
+    python benchmarks/bench_sim_ops.py [--iterations 20000] [--rounds 7] [--backward]
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from pytest_vram.backends.sim import cudaremap, fakecuda
 from pytest_vram.backends.sim.backend import SimBackend
 
 OPS_PER_ITERATION = 6
+# Forward (mm, tanh, mm, square, mean: six ops with a detach), backward (16, a detach of each
+# gradient the leaves keep among them) and two updates of two ops, as a pass-through dispatch
+# mode counts them.
+OPS_PER_BACKWARD_ITERATION = 26
 
 
 def update_loop(iterations: int, device: str) -> float:
@@ -38,6 +44,22 @@ def update_loop(iterations: int, device: str) -> float:
             step = momentum / (momentum.abs() + 1e-8)
             param.sub_(step * 0.01)
     return (time.perf_counter() - started) / (iterations * OPS_PER_ITERATION)
+
+
+def backward_loop(iterations: int, device: str) -> float:
+    """Seconds per operation of a loop of small training steps with ``backward()``."""
+    first = torch.randn(4, 4, device=device, requires_grad=True)
+    second = torch.randn(4, 4, device=device, requires_grad=True)
+    inputs = torch.randn(4, 4, device=device)
+    started = time.perf_counter()
+    for _ in range(iterations):
+        loss = (torch.tanh(inputs @ first) @ second).square().mean()
+        loss.backward()
+        with torch.no_grad():
+            for weight in (first, second):
+                weight.sub_(weight.grad * 0.01)
+                weight.grad = None
+    return (time.perf_counter() - started) / (iterations * OPS_PER_BACKWARD_ITERATION)
 
 
 class Simulated(AbstractContextManager):
@@ -67,7 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--backward", action="store_true", help="training steps with backward()")
     args = parser.parse_args()
+    loop, ops = (
+        (backward_loop, OPS_PER_BACKWARD_ITERATION)
+        if args.backward
+        else (update_loop, OPS_PER_ITERATION)
+    )
 
     variants: dict[str, Callable[[], AbstractContextManager]] = {
         "plain, on the CPU": nullcontext,
@@ -80,12 +108,12 @@ def main() -> None:
         for name, context in variants.items():
             with context():
                 device = devices.get(name, "cuda")
-                update_loop(200, device)  # warm up
-                times[name].append(update_loop(args.iterations, device))
+                loop(200, device)  # warm up
+                times[name].append(loop(args.iterations, device))
     plain = statistics.median(times["plain, on the CPU"])
+    what = "training steps" if args.backward else "iterations"
     print(
-        f"{args.iterations} iterations of {OPS_PER_ITERATION} ops on 4x4 tensors, "
-        f"median of {args.rounds} rounds"
+        f"{args.iterations} {what} of {ops} ops on 4x4 tensors, median of {args.rounds} rounds"
     )
     for name, samples in times.items():
         median = statistics.median(samples)
