@@ -550,8 +550,10 @@ const OpFacts& facts_of(const at::RecordFunction& fn) {
       "aten::addbmm", "aten::mv",  "aten::addmv",             "aten::dot",     "aten::vdot",
       "aten::_int_mm", "aten::_scaled_mm"};
   thread_local FactSlot slots[kFactSlots];
-  // Every OpFacts a thread made, for as long as the thread lives: slots point into it.
-  thread_local std::unordered_map<std::string, OpFacts> made;
+  // Every OpFacts a thread made, by the name's address (the overloads of an operator share
+  // its name's text, not its address, and may differ), for as long as the thread lives:
+  // slots point into it.
+  thread_local std::unordered_map<const char*, OpFacts> made;
   const char* name = fn.name();
   FactSlot& slot = slots[(reinterpret_cast<uintptr_t>(name) >> 3) % kFactSlots];
   if (slot.key == name && slot.facts->name == name) {
@@ -562,12 +564,13 @@ const OpFacts& facts_of(const at::RecordFunction& fn) {
     return kNoOperator;
   }
   auto found = made.find(name);
-  if (found == made.end()) {
+  if (found == made.end() || found->second.name != name) {
     auto handle = c10::Dispatcher::singleton().findOp(*op_name);
     bool decomposes =
         handle.has_value() &&
         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-    found = made.emplace(name, OpFacts{name, decomposes, matmuls.count(name) > 0}).first;
+    found = made.insert_or_assign(name, OpFacts{name, decomposes, matmuls.count(name) > 0})
+                .first;
   }
   slot.key = name;
   slot.facts = &found->second;
