@@ -528,7 +528,7 @@ void raw_delete(void* data) {
 //   alike, and not cached;
 // - whether it runs on cuBLAS on a GPU (workspaces.py's matmul_ops), and so needs a workspace.
 // Cached by the name's address, which each operator's schema keeps for as long as the operator
-// is registered, in a small table indexed by that address (a lookup is a load and a compare);
+// is registered, in a small table indexed by that address (a hit is a load and a name compare);
 // the name is compared as well, in case an operator was removed and another took its place.
 struct OpFacts {
   std::string name;

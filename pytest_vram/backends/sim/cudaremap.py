@@ -173,7 +173,7 @@ def _method(special: Callable, original: Callable) -> Callable:
 _DEVICE_ARGUMENTS = (str, torch.device, int)
 
 
-def _tensor_to(special: Callable, original: Callable) -> Callable:
+def _to_method(special: Callable, original: Callable) -> Callable:
     """``Tensor.to``: most calls name a dtype or another tensor, which go to the original
     straight away; a device goes to ``special``."""
 
@@ -222,7 +222,7 @@ def replacements(
     for original, special in specials.items():
         name = getattr(original, "__name__", None)
         if name == "to":
-            yield torch.Tensor, name, _tensor_to(special, original)
+            yield torch.Tensor, name, _to_method(special, original)
         elif name is not None and name != "__format__":
             yield torch.Tensor, name, _method(special, original)
     made = {original.__name__: original for original in host_factories}
