@@ -1,9 +1,11 @@
-"""Simulated ranks: DTensor's sharding of a foreach op reads the op's argument specs once.
+"""Simulated ranks: DTensor's sharding of a foreach op in linear time, deciding the same.
 
 For each tensor of a foreach op's lists, DTensor settles ``_StridedShard``'s order flag from all
-the op's argument specs again: quadratic in the number of parameters, most of an optimizer
-step's time over a sharded 32B model. While simulated ranks run, the flag is settled once per op
-and decides the same.
+the op's argument specs again, builds the tensor's schema by walking all the op's arguments, and
+expands the tensor's strategy over the mesh: quadratic in the number of parameters, most of an
+optimizer step's time over a sharded 32B model. While simulated ranks run, the flag is settled
+once per op, each tensor's schema is taken by index, and tensors with equal schemas share one
+expansion; the strategies are equal to torch's own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.backends.sim.ranks import SimulatedRanks, _strided_flag_once
 
 ORIGINAL = _sharding_prop._propagate_use_strided_shard_flag
+TORCH_EXPAND = _sharding_prop._expand_single_dim_strategy_to_mesh
 
 
 def spec(strided: bool, flag: bool) -> SimpleNamespace:
@@ -122,3 +125,75 @@ def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated
     finally:
         backend.end_test()
         group.stop()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor._op_schema import TupleStrategy
+    from torch.distributed.tensor._ops import utils
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    backend = SimBackend()
+    group = SimulatedRanks(4, backend)
+    group.start()
+    backend.begin_test()
+    ours = _sharding_prop._expand_single_dim_strategy_to_mesh
+    assert ours is not TORCH_EXPAND
+    expansions = [0]
+    compared: list[int] = []
+    torch_full_mesh = utils.expand_to_full_mesh_op_strategy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        expansions[0] += 1
+        return torch_full_mesh(*args, **kwargs)
+
+    def both(mesh: Any, op_schema: Any, info: Any, meta: Any) -> Any:
+        mine = ours(mesh, op_schema, info, meta)
+        if not any(isinstance(arg, TupleStrategy) for arg in op_schema.args_schema):
+            return mine
+
+        def checked(op: Any, args: Any, kwargs: Any) -> Any:
+            before = expansions[0]
+            strategy = mine(op, args, kwargs)
+            compared.append(len(strategy.children))
+            assert expansions[0] - before < len(strategy.children)
+            theirs = TORCH_EXPAND(mesh, op_schema, info, meta)(op, args, kwargs)
+            assert isinstance(strategy, TupleStrategy)
+            assert strategy == theirs  # child for child: every OpSpec's input and output specs
+            costs = [[s.redistribute_cost for s in child.strategies] for child in strategy.children]
+            assert costs == [
+                [s.redistribute_cost for s in child.strategies] for child in theirs.children
+            ]
+            return strategy
+
+        return checked
+
+    monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
+    monkeypatch.setattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", both)
+    try:
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+        # Three kinds of parameter: strided weights, plain bias shards, and a narrower layer's.
+        widths = [64, 64, 64, 32]
+        model = torch.nn.Sequential(
+            *[torch.nn.Linear(64, width, device="cuda") for width in widths]
+        )
+        for layer in model:
+            parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        x = torch.ones(8, 64, device="cuda")
+        for layer in model[:-1]:
+            x = layer(x)
+        model[-1](x).sum().backward()
+        optimizer.step()
+    finally:
+        backend.end_test()
+        monkeypatch.undo()
+        group.stop()
+    assert _sharding_prop._expand_single_dim_strategy_to_mesh is TORCH_EXPAND
+    assert compared and all(count == 2 * len(widths) for count in compared)

@@ -19,8 +19,12 @@ While the test runs, these are patched and put back, object for object (a
   learn the output's shape; that allocates nothing on a real rank, and is not counted. For a
   foreach op (an optimizer's step over every parameter) it reads all the op's argument specs
   again for each tensor of the list, to settle one flag (``_StridedShard``'s order) that
-  depends on the op alone: read once per op, the step's sharding takes linear, not quadratic,
-  time in the number of parameters, and decides the same.
+  depends on the op alone, walks all the arguments to build each tensor's schema, and expands
+  each tensor's strategy over the mesh. Here the flag is read once per op, each tensor's schema
+  is taken by index, and tensors with equal schemas (a model's layers are alike) share one
+  expansion, as torch's own cache already has them share what the expansion is built from: the
+  step's sharding takes linear, not quadratic, time in the number of parameters, and decides the
+  same.
 - DDP: its check that every rank has the same parameter shapes reads the (fake) data, and the
   fake group's all-reduce gives its reducer no result; with one rank there is nothing to
   check, and a module that registered no communication hook of its own gets one that
@@ -228,6 +232,69 @@ def _strided_flag_once(original: Callable[..., Any]) -> Callable[..., Any]:
     return propagate
 
 
+def _foreach_each_kind_once(original: Callable[..., Any]) -> Callable[..., Any] | None:
+    """``_expand_single_dim_strategy_to_mesh`` whose foreach strategies expand each kind of
+    tensor once: the tensors of a foreach op's lists whose per-tensor schemas are equal (the
+    same placements, shape, stride and dtype, and the same output) share one expansion.
+
+    Torch expands every tensor of the lists on its own, and builds each tensor's schema by
+    walking all the op's arguments, so an optimizer step over a sharded model's hundreds of
+    parameters takes quadratic time. Its own cache already hands tensors with equal schemas the
+    same expansion, built from the first of them; here that expansion is also run once, and each
+    tensor's schema is taken by index. None for a torch whose foreach expansion is not this."""
+    from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
+    from torch.distributed.tensor._ops import single_dim_strategy
+
+    elementwise = getattr(single_dim_strategy, "_resolve_foreach_elementwise_overload", None)
+    if elementwise is None:
+        return None
+
+    @functools.wraps(original)
+    def expand(mesh: Any, op_schema: Any, strategy_info: Any, output_meta: Any) -> Any:
+        torch_foreach = original(mesh, op_schema, strategy_info, output_meta)
+        if getattr(torch_foreach, "__name__", None) != "expanded_foreach_strategy":
+            return torch_foreach
+        arguments = op_schema.args_schema
+        lists = [arg.children for arg in arguments if isinstance(arg, TupleStrategy)]
+        nested = any(
+            isinstance(arg, (list, tuple)) and any(isinstance(a, TupleStrategy) for a in arg)
+            for arg in arguments
+        )
+        if nested or not lists or len({len(children) for children in lists}) != 1:
+            return torch_foreach
+        target = elementwise(op_schema.op) or op_schema.op
+
+        def expanded_foreach_strategy(op: Any, args_schema: Any, kwargs_schema: Any) -> Any:
+            expanded: dict[Any, Any] = {}
+            children = []
+            for index in range(len(lists[0])):
+                schema = OpSchema(
+                    target,
+                    args_schema=tuple(
+                        arg.children[index] if isinstance(arg, TupleStrategy) else arg
+                        for arg in arguments
+                    ),
+                    kwargs_schema=op_schema.kwargs_schema,
+                )
+                meta = output_meta[index] if output_meta is not None else None
+                try:
+                    key: Any = (schema, meta)
+                    strategy = expanded.get(key)
+                except TypeError:  # symbolic sizes do not hash: expand this one on its own
+                    key, strategy = None, None
+                if strategy is None:
+                    one = original(mesh, schema, strategy_info, meta)
+                    strategy = one(op, schema.args_meta, schema.kwargs_meta)
+                    if key is not None:
+                        expanded[key] = strategy
+                children.append(strategy)
+            return TupleStrategy(children=children)
+
+        return expanded_foreach_strategy
+
+    return expand
+
+
 class SimulatedRanks:
     """Rank 0 of a fake process group of ``world_size`` ranks, around one test on the sim."""
 
@@ -278,6 +345,10 @@ class SimulatedRanks:
         flag = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
         if flag is not None:
             patches.replace(_sharding_prop, flag.__name__, _strided_flag_once(flag))
+        expand = getattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", None)
+        each_kind_once = _foreach_each_kind_once(expand) if expand is not None else None
+        if each_kind_once is not None:
+            patches.replace(_sharding_prop, expand.__name__, each_kind_once)
 
     def _storage_resize(self) -> Callable[..., Any]:
         resize = torch.UntypedStorage.resize_
