@@ -34,6 +34,14 @@ def build(layout):
 """
 
 
+@pytest.fixture(autouse=True)
+def sys_path_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fit --build`` makes the current directory importable, as ``python -m`` does; run
+    in-process here, that lasts only for the test (later pytester runs would otherwise find this
+    checkout's own package metadata in it)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
 @pytest.fixture
 def builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "fit_model_under_test.py").write_text(BUILD)
