@@ -127,3 +127,26 @@ def test_the_key_is_written_here_only_where_torch_writes_it_alike(monkeypatch) -
 
     monkeypatch.setattr(FakeTensorMode, "_prep_args_for_hash", older)
     assert not fakemode._writes_the_key_as_torch_does()
+
+
+def test_an_op_on_another_subclass_goes_to_it_without_a_cache_key() -> None:
+    """An op whose arguments are another subclass's tensors (a DTensor, here TwoTensor) is
+    handed to that subclass as FakeTensorMode hands it, before any cache key is tried; the
+    subclass brings the op back with fake tensors, which are counted."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    observed: list[int] = []
+    tracker = StorageTracker(lambda tensor: True)
+    tracker.observe_output = lambda func, out: observed.append(out.untyped_storage().nbytes())
+    mode = SimFakeTensorMode(tracker)
+    with mode:
+        pair = TwoTensor(torch.empty(8, 4), torch.empty(8, 4))
+        before = dict(FakeTensorMode.cache_bypasses)
+        observed.clear()
+        doubled = pair * 2
+    assert isinstance(doubled, TwoTensor)
+    assert isinstance(doubled.a, fake_tensor.FakeTensor) and doubled.a.shape == (8, 4)
+    # Each half's product came back through the mode and was counted, 8 x 4 x 4 bytes.
+    assert observed == [128, 128]
+    # No cache key was tried on the pair: FakeTensorMode notes one bypass for each attempt.
+    assert FakeTensorMode.cache_bypasses == before

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils import _pytree as pytree
 
 from pytest_vram.backends.gradsums import (
     IN_PLACE_SCATTERS,
@@ -30,6 +31,21 @@ _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+# What FakeTensorMode answers before it looks for other subclasses, and how it looks.
+try:
+    from torch._subclasses.fake_tensor import (
+        _DISPATCH_HANDLE_DIRECTLY as _HANDLED_DIRECTLY,
+    )
+    from torch._subclasses.fake_tensor import (
+        _DISPATCH_META_HANDLERS as _META_HANDLERS,
+    )
+    from torch._subclasses.fake_tensor import _check_for_subclass
+except ImportError:  # another torch: leave it all to FakeTensorMode
+    _HANDLED_DIRECTLY = _META_HANDLERS = frozenset()
+
+    def _check_for_subclass(flat_args: Any) -> bool:
+        return False
+
 
 # Arguments that FakeTensorMode's cache key takes as they are, after their type.
 _PLAIN_ARGS = frozenset(
@@ -77,6 +93,17 @@ def _grouped_mm(
             mat_a, mat_b, bound.get("offs"), bound.get("out_dtype")
         )
     return FakeTensor(mode, out, mat_a.fake_device)
+
+
+def _other_subclass(types: Any, func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether FakeTensorMode would hand the op on to another tensor subclass among its
+    arguments (a DTensor): it answers NotImplemented, and the subclass's own dispatch brings the
+    op back with fake tensors. Answered here, before a cache key is tried on the subclass."""
+    if all(kind is FakeTensor for kind in types):
+        return False
+    if func in _META_HANDLERS or func in _HANDLED_DIRECTLY:
+        return False
+    return _check_for_subclass(pytree.arg_tree_leaves(*args, **(kwargs or {})))
 
 
 def _length(items: Any) -> str:
@@ -186,6 +213,8 @@ class SimFakeTensorMode(FakeTensorMode):
         elif func in IN_PLACE_SCATTERS:
             # A derivative formula filling its fresh zeros, in place as on CUDA.
             func = scattered_in_place(func, sys._getframe(1)) or func
+        if types and _other_subclass(types, func, args, kwargs):
+            return NotImplemented
         self._depth += 1
         try:
             if func is _GROUPED_MM:
