@@ -31,6 +31,7 @@ _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+_DEVICE = torch.ops.prim.device.default
 # What FakeTensorMode answers before it looks for other subclasses, and how it looks.
 try:
     from torch._subclasses.fake_tensor import (
@@ -45,6 +46,9 @@ except ImportError:  # another torch: leave it all to FakeTensorMode
 
     def _check_for_subclass(flat_args: Any) -> bool:
         return False
+
+
+_device_of = _META_HANDLERS.get(_DEVICE) if isinstance(_META_HANDLERS, dict) else None
 
 
 # Arguments that FakeTensorMode's cache key takes as they are, after their type.
@@ -95,12 +99,10 @@ def _grouped_mm(
     return FakeTensor(mode, out, mat_a.fake_device)
 
 
-def _other_subclass(types: Any, func: Any, args: Any, kwargs: Any) -> bool:
+def _other_subclass(func: Any, args: Any, kwargs: Any) -> bool:
     """Whether FakeTensorMode would hand the op on to another tensor subclass among its
     arguments (a DTensor): it answers NotImplemented, and the subclass's own dispatch brings the
     op back with fake tensors. Answered here, before a cache key is tried on the subclass."""
-    if all(kind is FakeTensor for kind in types):
-        return False
     if func in _META_HANDLERS or func in _HANDLED_DIRECTLY:
         return False
     return _check_for_subclass(pytree.arg_tree_leaves(*args, **(kwargs or {})))
@@ -203,6 +205,9 @@ class SimFakeTensorMode(FakeTensorMode):
         return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is _DEVICE and _device_of is not None:
+            # A third of all ops: a fake tensor's device, answered as FakeTensorMode answers it.
+            return _device_of(args)
         if func is _LOCAL_SCALAR:
             # .item(), bool(t): a value known without computing is the value a real run reads.
             value = self.known.item(args[0])
@@ -213,7 +218,9 @@ class SimFakeTensorMode(FakeTensorMode):
         elif func in IN_PLACE_SCATTERS:
             # A derivative formula filling its fresh zeros, in place as on CUDA.
             func = scattered_in_place(func, sys._getframe(1)) or func
-        if types and _other_subclass(types, func, args, kwargs):
+        # ``types``: the subclasses among the arguments, FakeTensor alone for nearly every op.
+        only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
+        if not only_fakes and _other_subclass(func, args, kwargs):
             return NotImplemented
         self._depth += 1
         try:
