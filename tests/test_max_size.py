@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 import torch
+from test_verdict import settings
 
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.baselines.compare import compare_with_entry
@@ -14,33 +14,12 @@ from pytest_vram.fit import largest, max_size
 from pytest_vram.fit.sweep import sweep
 from pytest_vram.fit.trials import SimTrials
 from pytest_vram.marks import VramMarks
-from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord, read_record
 from pytest_vram.record.status import Status
 from pytest_vram.units import parse_tolerance
 from pytest_vram.verdict import judge
 
 MiB = 1 << 20
-
-
-def settings() -> Settings:
-    """A run's settings as ``pytest --vram-report`` has them by default."""
-    return Settings(
-        report=True,
-        backend="sim",
-        cpu_counter="auto",
-        sim_capacity=None,
-        baseline_dir=Path("baselines"),
-        tolerance=parse_tolerance("5%"),
-        update_baselines=False,
-        prune_baselines=False,
-        strict=False,
-        json_path=None,
-        markdown_path=None,
-        html_path=None,
-        junit_properties=True,
-        snapshot_dir=None,
-    )
 
 
 # -- the search ---------------------------------------------------------------------------------
