@@ -41,14 +41,14 @@ try:
         _DISPATCH_META_HANDLERS as _META_HANDLERS,
     )
     from torch._subclasses.fake_tensor import _check_for_subclass
+
+    _device_of = _META_HANDLERS.get(_DEVICE)
 except ImportError:  # another torch: leave it all to FakeTensorMode
     _HANDLED_DIRECTLY = _META_HANDLERS = frozenset()
+    _device_of = None
 
     def _check_for_subclass(flat_args: Any) -> bool:
         return False
-
-
-_device_of = _META_HANDLERS.get(_DEVICE) if isinstance(_META_HANDLERS, dict) else None
 
 
 # Arguments that FakeTensorMode's cache key takes as they are, after their type.
