@@ -21,15 +21,16 @@ class OldGarbage:
     cannot, while a session runs (:meth:`watch`).
 
     The young collection misses only garbage in the oldest generation. Objects get there by
-    surviving a collection of generation 1: an automatic one, which a busy test's objects
-    survive, or this plugin's own, which what is alive at a test's end survives. What is alive
-    then is held by something that outlives the test: a broader-scoped fixture (its finaliser
-    lets go, :meth:`let_go`), a failed test's exception (let go too), or a global. So after a
-    full collection, until an automatic collection of generation 1 or a :meth:`let_go`, a full
-    one finds nothing more; a test that keeps memory on purpose, such as a cache, then costs
-    a young collection and not a full one each time. Where the collector is not
-    generational (Python 3.14 collects the old generation in increments), every test that
-    ends above its floor gets a full collection.
+    surviving a collection of generation 1 or 2: an automatic one, which a busy test's objects
+    survive while the test runs, or this plugin's own, which what is alive at a test's end
+    survives. What is alive then is held by something that outlives the test: a
+    broader-scoped fixture (its finaliser lets go, :meth:`let_go`), a failed test's exception
+    (let go too), or a global. So after this plugin's full collection, until an automatic
+    collection of generation 1 or 2 or a :meth:`let_go`, a full one finds nothing more; a
+    test that keeps memory on purpose, such as a cache, then costs a young collection and not
+    a full one each time. Where the collector is not generational (Python 3.14 collects the
+    old generation in increments), every test that ends above its floor gets a full
+    collection.
     """
 
     def __init__(self) -> None:
@@ -85,7 +86,11 @@ class OldGarbage:
         imported, or after a thaw. A broader-scoped fixture frozen so is thawed when it ends
         (:meth:`let_go`); other objects that were alive then and become cyclic garbage later
         are collected after the session."""
-        gc.collect()
+        self._ours = True
+        try:
+            gc.collect()
+        finally:
+            self._ours = False
         modules = len(sys.modules)
         if self._watching and modules != self._modules:
             gc.freeze()
@@ -107,9 +112,12 @@ class OldGarbage:
         if phase != "stop":
             return
         generation = info["generation"]
-        if generation >= 2:
-            self.possible = False  # everything was looked at
-        elif generation == 1 and not self._ours:
+        if self._ours:
+            if generation >= 2:
+                self.possible = False  # everything was looked at, between tests
+        elif generation >= 1:
+            # An automatic collection, in a test: what it found alive (the test's model, its
+            # optimizer) went on to an older generation, and is garbage once the test ends.
             self.possible = True
 
 
