@@ -1,10 +1,13 @@
 """What attribution costs on the 32B simulated training step of ``bench_sim.py``.
 
 The same two training steps (the repository's GPT at the Qwen2.5-32B shape, bf16, 512 tokens,
-forward, backward, AdamW) run five ways, alternating within each round:
+forward, backward, AdamW) run six ways, alternating within each round:
 
 - plain: ``FakeTensorMode`` alone, the floor;
-- sim: the sim backend as every measured test runs on it (no attribution);
+- sim: the sim backend without attribution (as every measured test ran on it before the
+  category totals);
+- categories: sim with the peak's category totals, as every measured test records them, taken
+  at the end (timed with the steps);
 - breakdown: sim with the peak's breakdown logging (``--vram-breakdown``), and the breakdown
   itself taken at the end (timed with the steps);
 - snapshot: sim with the trace log of ``--vram-snapshot-on-fail`` (a Python stack per
@@ -55,8 +58,12 @@ def _on_sim(attach: Callable[[SimBackend], Callable[[], None]] | None) -> float:
         backend.end_test()
 
 
-def _breakdown(backend: SimBackend) -> Callable[[], None]:
-    breakdown = PeakBreakdown(backend.tracker)
+def _categories(backend: SimBackend) -> Callable[[], None]:
+    return _breakdown(backend, modules=False)
+
+
+def _breakdown(backend: SimBackend, modules: bool = True) -> Callable[[], None]:
+    breakdown = PeakBreakdown(backend.tracker, modules=modules)
     breakdown.start()
 
     def finish() -> None:
@@ -92,6 +99,7 @@ def _sites(backend: SimBackend) -> Callable[[], None]:
 VARIANTS: dict[str, Callable[[], float]] = {
     "plain": run_plain,
     "sim": lambda: _on_sim(None),
+    "categories": lambda: _on_sim(_categories),
     "breakdown": lambda: _on_sim(_breakdown),
     "snapshot": lambda: _on_sim(_snapshot),
     "sites": lambda: _on_sim(_sites),

@@ -8,6 +8,10 @@ the median times:
 
     python benchmarks/bench_overhead.py [--tests 1000] [--rounds 30]
 
+Every measured test on a backend with a tracker of its own (sim, the cpu dispatch counter)
+records its peak's category totals; a variant of each cpu counter turns that off, and the median
+of the per-round ratios of the two is printed as what the category totals cost.
+
 The cpu backend counts inside PyTorch's CPU allocator by default; one variant runs it with the
 dispatch counter (a ``TorchDispatchMode`` that sees every op) instead, and one pushes a
 pass-through ``TorchDispatchMode`` for the whole session without the plugin: what PyTorch charges
@@ -53,6 +57,10 @@ def pytest_sessionstart(session):
     if os.environ.get("BENCH_PASS_THROUGH_MODE"):
         _MODE.append(PassThrough())
         _MODE[-1].__enter__()
+    if os.environ.get("BENCH_NO_CATEGORIES"):
+        from pytest_vram.attribution.recorder import Attribution
+
+        Attribution.categories_by_default = False
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -64,6 +72,10 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 def pytest_unconfigure(config):
+    if os.environ.get("BENCH_NO_CATEGORIES"):
+        from pytest_vram.attribution.recorder import Attribution
+
+        Attribution.categories_by_default = True
     while _MODE:
         _MODE.pop().__exit__(None, None, None)
     end = time.perf_counter()
@@ -78,14 +90,21 @@ def pytest_unconfigure(config):
 )
 
 PLAIN = "plain pytest (-p no:vram)"
+MEASURED = "--vram-report --vram-backend=cpu"
+# The measured tests without the category totals every sim and cpu test records by default.
+NO_CATEGORIES = "  the same, no category totals"
+DISPATCH = "  the same, --vram-cpu-counter=dispatch"
+DISPATCH_NO_CATEGORIES = "    and no category totals"
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     PLAIN: (["-p", "no:vram"], {}),
     "plugin loaded, nothing measured": ([], {}),
     "pass-through dispatch mode, no plugin": (["-p", "no:vram"], {"BENCH_PASS_THROUGH_MODE": "1"}),
-    "--vram-report --vram-backend=cpu": (["--vram-report", "--vram-backend=cpu"], {}),
-    "  the same, --vram-cpu-counter=dispatch": (
+    MEASURED: (["--vram-report", "--vram-backend=cpu"], {}),
+    NO_CATEGORIES: (["--vram-report", "--vram-backend=cpu"], {"BENCH_NO_CATEGORIES": "1"}),
+    DISPATCH: (["--vram-report", "--vram-backend=cpu", "--vram-cpu-counter=dispatch"], {}),
+    DISPATCH_NO_CATEGORIES: (
         ["--vram-report", "--vram-backend=cpu", "--vram-cpu-counter=dispatch"],
-        {},
+        {"BENCH_NO_CATEGORIES": "1"},
     ),
 }
 
@@ -143,6 +162,12 @@ def main() -> None:
         session = statistics.median(times[name])
         of_medians = session / statistics.median(times[PLAIN])
         print(f"  {name:<40} {session:6.3f} s  ratio {ratio:.3f}x  of medians {of_medians:.3f}x")
+    for measured, without in ((MEASURED, NO_CATEGORIES), (DISPATCH, DISPATCH_NO_CATEGORIES)):
+        ratio = statistics.median(
+            a / b for a, b in zip(times[measured], times[without], strict=True)
+        )
+        print(f"category totals, {measured.strip()}: {ratio:.3f}x the same without (median of")
+        print("  the per-round ratios)")
     print("median milliseconds per phase: collection, the tests, the summary after the last test")
     for name in VARIANTS:
         cells = "".join(f"{statistics.median(phases[name][p]) * 1e3:10.1f}" for p in PHASES)

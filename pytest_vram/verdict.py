@@ -96,7 +96,7 @@ def judge(
     if outcome is Outcome.PASSED and not settings.update_baselines:
         baseline = _compare(record, marks, entry, settings, found, failures, notes)
     status = min(found, key=lambda status: status.rank, default=Status.OK)
-    if status in (Status.OVER_BUDGET, Status.REGRESSION) and record.breakdown:
+    if status in (Status.OVER_BUDGET, Status.REGRESSION) and _categories(record) is not None:
         failures.insert(_last_figure_line(failures), _where(record, entry))
     return Verdict(status, failures, notes, budgets, baseline, warnings=unchecked)
 
@@ -110,12 +110,19 @@ def _last_figure_line(failures: list[str]) -> int:
 
 def _where(record: TestRecord, entry: Mapping[str, int] | None) -> str:
     """What the peak was made of, against the baseline's categories where it has them."""
-    assert record.breakdown is not None
-    current = record.breakdown.get("categories") or {}
+    current = _categories(record) or {}
     stored = entry_categories(entry)
     if stored is not None:
         return f"at the peak, against the baseline: {describe_growth(current, stored)}"
-    return f"at the peak: {describe_breakdown(record.breakdown)}"
+    # The modules too, under --vram-breakdown.
+    return f"at the peak: {describe_breakdown(record.breakdown or {'categories': current})}"
+
+
+def _categories(record: TestRecord) -> dict[str, int] | None:
+    """The category totals at the record's peak: recorded on their own, or a breakdown's."""
+    if record.categories is not None:
+        return record.categories
+    return (record.breakdown or {}).get("categories")
 
 
 def _check_budgets(

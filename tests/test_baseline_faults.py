@@ -409,6 +409,6 @@ def test_a_file_of_the_previous_version_is_compared_and_rewritten_whole(
     text = path.read_text()
     assert text.splitlines()[-1] == "# end of baselines"
     assert BaselineFile.read(path).entries == {
-        "test_a.py::test_a": {"peak_allocated": 4096},
+        "test_a.py::test_a": {"peak_allocated": 4096, "peak_temporaries": 4096},
         "test_a.py::test_gone": {"peak_allocated": 7},
     }

@@ -50,9 +50,14 @@ def test_update_writes_a_sorted_file_per_device_class(pytester: pytest.Pytester)
     assert data["environment"]["torch"].startswith("2.")
     assert data["environment"]["pytest_vram"]
     assert list(data["tests"]) == sorted(data["tests"])
-    assert data["tests"]["test_mem.py::test_alpha"] == {"peak_allocated": 16384}
+    # With what the peak held, by category: here a test's own tensors, temporaries.
+    assert data["tests"]["test_mem.py::test_alpha"] == {
+        "peak_allocated": 16384,
+        "peak_temporaries": 16384,
+    }
     assert data["tests"]["test_mem.py::test_step"] == {
         "peak_allocated": 16388,
+        "peak_temporaries": 16388,
         "single_step_peak": 16388,
     }
     # A second update with the same figures changes nothing, byte for byte.
@@ -143,7 +148,7 @@ def test_partial_update_keeps_entries_of_tests_that_did_not_run(
         ["pytest-vram: baselines: 0 added, 1 updated, 0 removed in baselines/cpu.yaml (4 entries)"]
     )
     after = baseline(pytester)["tests"]
-    assert after["test_mem.py::test_alpha"] == {"peak_allocated": 32768}
+    assert after["test_mem.py::test_alpha"] == {"peak_allocated": 32768, "peak_temporaries": 32768}
     for nodeid in ("test_mem.py::test_beta", "test_mem.py::test_gamma", "test_mem.py::test_step"):
         assert after[nodeid] == before[nodeid]
 

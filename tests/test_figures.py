@@ -214,10 +214,8 @@ def test_a_measured_record_reads_back_with_the_figures_a_baseline_stores() -> No
         "leak_growth": 0,
         "peak_parameters": 16896,
         "peak_gradients": 16896,
-        "peak_optimizer": 0,
         "peak_activations": 2048,
         "peak_temporaries": 2560,
-        "peak_other": 0,
     }
 
 

@@ -1,9 +1,11 @@
 """Where the memory went: leak sites, the peak's breakdown by category and module, and
 allocator snapshots in PyTorch's format, on every backend. See ``docs/attribution.md``.
 
-Nothing here runs on the default path: a leak check records sites only during its
-confirmation steps, the breakdown is taken when asked for (``--vram-breakdown``, or a baseline
-entry that stores categories), and snapshots when ``--vram-snapshot-on-fail`` is given.
+On the default path only the peak's category totals are taken, for every test measured on the
+sim or cpu backend (from the sim's storage tracker, or the cpu allocator counter's log). A leak
+check records sites only during its confirmation steps, the modules are named under
+``--vram-breakdown`` (and the categories on cuda for a baseline entry that stores them), and
+snapshots are taken when ``--vram-snapshot-on-fail`` is given.
 """
 
 from __future__ import annotations

@@ -26,12 +26,14 @@ from pytest_vram.record.figures import CATEGORIES, category_figures, entry_categ
 from pytest_vram.units import format_delta, format_size
 
 if TYPE_CHECKING:
+    from pytest_vram.backends.cpu.allocatorlog import AllocatorLog
     from pytest_vram.backends.tracker import StorageTracker
 
 # The category names and the figures an entry keeps of them belong to pytest_vram.record.figures;
 # category_figures and entry_categories are handed on for the callers that import them here.
 __all__ = [
     "CATEGORIES",
+    "GLOBAL_HOOKS",
     "PeakBreakdown",
     "category_figures",
     "describe_breakdown",
@@ -77,14 +79,81 @@ def describe_breakdown(breakdown: Mapping[str, Any]) -> str:
     return text
 
 
+class _GlobalHooks:
+    """The global module and optimizer hooks of the breakdowns that listen now.
+
+    Registered for the first and removed after the last, unless held (:meth:`hold`): a session
+    that breaks every test down keeps them between tests, where they return at once, since
+    registering and removing four global hooks would cost a small test more than the rest of
+    its categories.
+    """
+
+    def __init__(self) -> None:
+        self.breakdowns: tuple[PeakBreakdown, ...] = ()
+        self._handles: list[Any] = []
+        self._held = False
+
+    def attach(self, breakdown: PeakBreakdown) -> None:
+        if not self._handles:
+            from torch.nn.modules import module as nn_module
+            from torch.optim import optimizer as optim
+
+            self._handles = [
+                nn_module.register_module_forward_pre_hook(self._pre_forward),
+                nn_module.register_module_forward_hook(self._post_forward, always_call=True),
+                optim.register_optimizer_step_pre_hook(self._pre_step),
+                optim.register_optimizer_step_post_hook(self._post_step),
+            ]
+        self.breakdowns = (*self.breakdowns, breakdown)
+
+    def detach(self, breakdown: PeakBreakdown) -> None:
+        self.breakdowns = tuple(b for b in self.breakdowns if b is not breakdown)
+        if not self.breakdowns and not self._held:
+            self._remove()
+
+    def hold(self, held: bool) -> None:
+        """Keep the hooks registered between breakdowns (True), until released (False)."""
+        self._held = held
+        if not held and not self.breakdowns:
+            self._remove()
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _pre_forward(self, module: Any, args: Any) -> None:
+        for breakdown in self.breakdowns:
+            breakdown._pre_forward(module, args)
+
+    def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        for breakdown in self.breakdowns:
+            breakdown._post_forward(module, args, output)
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        for breakdown in self.breakdowns:
+            breakdown._pre_step(optimizer, args, kwargs)
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        for breakdown in self.breakdowns:
+            breakdown._post_step(optimizer, args, kwargs)
+
+
+GLOBAL_HOOKS = _GlobalHooks()
+
+
 class PeakBreakdown:
     """Logs a test's allocations on ``tracker`` and, from :meth:`result`, breaks its peak down.
 
-    :meth:`start` attaches the listener and the global hooks, :meth:`stop` removes them.
+    ``tracker`` is a storage tracker, or what offers its listeners the same (the cpu allocator
+    counter's :class:`~pytest_vram.backends.cpu.allocatorlog.AllocatorLog`).
+    :meth:`start` attaches the listener and the global hooks, :meth:`stop` removes them. With
+    ``modules=False`` only the category totals are taken: no module is named, none listed.
     """
 
-    def __init__(self, tracker: StorageTracker) -> None:
+    def __init__(self, tracker: StorageTracker | AllocatorLog, modules: bool = True) -> None:
         self.tracker = tracker
+        self.modules = modules
         # (bytes added, tag, size after; 0 when freed) for every event, in order.
         self._events: list[tuple[int, int | None, int]] = []
         # tag -> (phase, module unit) where it was allocated.
@@ -108,12 +177,15 @@ class PeakBreakdown:
         self.states: dict[int, str | None] = {}
         self.buffers: dict[int, str | None] = {}
         self._handles: list[Any] = []
+        self._note_place: Any = None
 
     # -- the tracker's listener -----------------------------------------------------------
 
-    def allocated(self, tag: int, size: int, handle: Any) -> None:
+    def allocated(self, tag: int, size: int, handle: Any, place: Any = None) -> None:
+        # place: where it was allocated, when the source tells it after the fact (the cpu
+        # allocator counter's log); None: now.
         self._events.append((size, tag, size))
-        self._where[tag] = _HELD if self._making else self._now
+        self._where[tag] = _HELD if self._making else self._now if place is None else place
 
     def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
         self._events.append((new - old, tag, new))
@@ -137,19 +209,16 @@ class PeakBreakdown:
 
     def start(self) -> None:
         import torch
-        from torch.nn.modules import module as nn_module
-        from torch.optim import optimizer as optim
 
-        self.tracker.add_listener(self)
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._pre_forward),
-            nn_module.register_module_forward_hook(self._post_forward, always_call=True),
-            optim.register_optimizer_step_pre_hook(self._pre_step),
-            optim.register_optimizer_step_post_hook(self._post_step),
-        ]
         self._torch = torch
+        self.tracker.add_listener(self)
+        # A source that learns where allocations are made only from us (the allocator log).
+        self._note_place = getattr(self.tracker, "note_place", None)
+        self._set_now()
+        GLOBAL_HOOKS.attach(self)
 
     def stop(self) -> None:
+        GLOBAL_HOOKS.detach(self)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -164,6 +233,8 @@ class PeakBreakdown:
             self._now = (_OPTIMIZER, None)
         else:
             self._now = (_OUTSIDE, None)
+        if self._note_place is not None:
+            self._note_place(self._now)
 
     def _pre_forward(self, module: Any, args: Any) -> None:
         if not self._stack and id(module) not in self._named:
@@ -179,12 +250,16 @@ class PeakBreakdown:
         self._set_now()
 
     def _name_root(self, root: Any) -> None:
+        self._roots.append(weakref.ref(root))
+        if not self.modules:  # the categories need the tensors, not the names
+            self._named.update(id(module) for module in root.modules())
+            self._note_module_tensors(root)
+            return
         nn = self._torch.nn
         containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
         label = type(root).__name__
         # The children of a bare container are named after it: "Sequential.0".
         prefix = f"{label}." if isinstance(root, containers) else ""
-        self._roots.append(weakref.ref(root))
         for name, module in root.named_modules(remove_duplicate=False):
             self._named.add(id(module))
             parts = name.split(".") if name else []

@@ -6,7 +6,8 @@ and brackets each measured test with ``begin_test`` and ``end_test``. Beyond the
 backend declares its abilities here, each with the default that a backend without it gets:
 
 - what it sees of allocations: ``tracker`` (its own storage tracker), ``attribution_filter``
-  (which tensors a tracker pushed for attribution counts), ``segments`` and ``own_segments``
+  (which tensors a tracker pushed for attribution counts), ``allocation_log`` (a log of what it
+  counts, for the peak's categories), ``segments`` and ``own_segments``
   (a model of the caching allocator's segments);
 - what it cannot measure here: ``unmeasured``, and ``order_dependent_figures`` (never stored);
 - whether it is a real CUDA device (``is_cuda_device``) and whether its allocator records its
@@ -63,6 +64,10 @@ class Backend:
     #: attribution (only while it records) counts, ``is_cpu`` or ``is_cuda``. None: attribution
     #: sees no allocation on this backend. Asked by ``attribution.sources``.
     attribution_filter: Callable[[Any], bool] | None = None
+    #: Where the backend keeps no tracker but logs what it counts (the cpu allocator counter):
+    #: a new log of the allocations, which a breakdown listens to as to a tracker. None
+    #: elsewhere. Asked by ``attribution.recorder``.
+    allocation_log: Callable[[], Any] | None = None
     #: The caching allocator's segments as modelled (the simulated device), None where the
     #: backend models none: snapshots draw the model's segments.
     segments: CachingAllocatorModel | None = None

@@ -35,6 +35,7 @@ __all__ = [
     "AllocationListener",
     "Allocator",
     "StorageTracker",
+    "listen_for_fixtures",
     "making_fixture",
     "round_like_cuda_allocator",
 ]
@@ -75,8 +76,9 @@ class AllocationListener(Protocol):
 
 _TRACKER_NUMBERS = itertools.count()
 
-#: The trackers that have listeners now.
-_LISTENED: set[StorageTracker] = set()
+#: The trackers that have listeners now, and other sources of allocations that want to hear of
+#: fixtures being made (listen_for_fixtures).
+_LISTENED: set[Any] = set()
 
 
 def making_fixture(started: bool) -> None:
@@ -85,6 +87,15 @@ def making_fixture(started: bool) -> None:
     they have it): what is made then is the fixture's, as a later test finds it made."""
     for tracker in tuple(_LISTENED):
         tracker.making_fixture(started)
+
+
+def listen_for_fixtures(source: Any, on: bool) -> None:
+    """Tell ``source`` (with a ``making_fixture`` method, as a tracker has) of broader-scoped
+    fixtures being made, as trackers with listeners are told, from now on (True) or no more."""
+    if on:
+        _LISTENED.add(source)
+    else:
+        _LISTENED.discard(source)
 
 
 class _Record:

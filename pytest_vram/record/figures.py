@@ -33,6 +33,7 @@ __all__ = [
     "FigureError",
     "category_figures",
     "check_breakdown",
+    "check_categories",
     "check_change",
     "check_entry",
     "check_figure",
@@ -167,23 +168,26 @@ def stored_figures(
 
 
 def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:
-    """The figures of a breakdown: ``peak_parameters`` and so on."""
+    """The figures of a breakdown: ``peak_parameters`` and so on, for the categories that held
+    anything (an entry without one holds none of it), and ``peak_other: 0`` where none did, so
+    that the entry still says its categories were taken."""
     if not breakdown:
         return {}
     categories = breakdown.get("categories") or {}
-    return {f"{_CATEGORY_PREFIX}{name}": int(categories.get(name, 0)) for name in CATEGORIES}
+    figures = {
+        f"{_CATEGORY_PREFIX}{name}": int(categories[name])
+        for name in CATEGORIES
+        if categories.get(name)
+    }
+    return figures or {f"{_CATEGORY_PREFIX}other": 0}
 
 
 def entry_categories(entry: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """The category totals an entry stores, None for an entry without them."""
-    if not entry:
+    """The category totals an entry stores (every category; one it does not name held
+    nothing), None for an entry without them."""
+    if not entry or not any(name in entry for name in CATEGORY_FIGURES):
         return None
-    found = {
-        name: int(entry[f"{_CATEGORY_PREFIX}{name}"])
-        for name in CATEGORIES
-        if f"{_CATEGORY_PREFIX}{name}" in entry
-    }
-    return found or None
+    return {name: int(entry.get(f"{_CATEGORY_PREFIX}{name}", 0)) for name in CATEGORIES}
 
 
 def rank_figures(ranks: list[dict[str, Any]]) -> dict[str, int]:
@@ -311,10 +315,15 @@ def check_scenarios(scenarios: object) -> None:
 def check_breakdown(breakdown: object) -> None:
     """A record's breakdown: the category totals an entry stores, each checked."""
     breakdown = check_mapping("breakdown", breakdown)
-    categories = check_mapping("breakdown.categories", breakdown.get("categories") or {})
+    check_categories(breakdown.get("categories") or {}, "breakdown.categories")
+
+
+def check_categories(categories: object, field: str = "categories") -> None:
+    """A record's category totals (``field``), each checked as an entry's figure is."""
+    categories = check_mapping(field, categories)
     for name in CATEGORIES:
         if name in categories:
-            check_figure(f"breakdown.categories.{name}", categories[name])
+            check_figure(f"{field}.{name}", categories[name])
 
 
 def check_rank_entries(ranks: object) -> None:

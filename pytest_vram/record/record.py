@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_vram.record.figures import (
     check_breakdown,
+    check_categories,
     check_entry,
     check_figure,
     check_nodeid,
@@ -74,6 +75,9 @@ class TestRecord:
     #: What was live at the peak, when it was broken down: ``total``, ``categories`` (bytes by
     #: parameters, gradients, optimizer, activations, temporaries, other) and ``modules``.
     breakdown: dict[str, Any] | None = None
+    #: The category totals at the peak (bytes by category), on every backend whose allocations
+    #: a tracker sees (sim, cpu), and under ``--vram-breakdown``; None where not recorded.
+    categories: dict[str, int] | None = None
     #: Under ``--vram-snapshot-on-fail``: the memory snapshot written for this failing test.
     snapshot: str | None = None
     #: Figures measured but never stored: the backend's reading of them depends on what other
@@ -98,7 +102,7 @@ class TestRecord:
             self.peak_reserved,
             self.peak_device,
             self.scenarios,
-            self.breakdown,
+            {"categories": self.categories} if self.categories is not None else self.breakdown,
         )
         for name in self.unstored:
             figures.pop(name, None)
@@ -116,6 +120,8 @@ class TestRecord:
             del data["snapshot"]
         if not self.unstored:
             del data["unstored"]
+        if self.categories is None:  # a cuda test's record reads as before
+            del data["categories"]
         return data
 
     @classmethod
@@ -148,6 +154,8 @@ def read_record(data: object) -> TestRecord:
     check_scenarios(record.scenarios)
     if record.breakdown is not None:
         check_breakdown(record.breakdown)
+    if record.categories is not None:
+        check_categories(record.categories)
     if record.ranks is not None:
         check_rank_entries(record.ranks)
     # What an update would store, checked as a whole as the loader checks an entry.

@@ -121,6 +121,7 @@ class VramSession:
         )
 
     def close(self) -> None:
+        self.attribution.close()
         if self.seeder is not None:
             self.seeder.close()
         if self._fixtures is not None:
@@ -215,7 +216,7 @@ class VramSession:
         if self.snapshots.directory is not None:
             self.snapshots.start(backend)
         measurement.begin()
-        if self.attribution.wants_breakdown(entry):
+        if self.attribution.wants_breakdown(entry, backend):
             measurement.attributed = self.attribution.begin(backend)
         if self.seeder is not None and self._resume_randomly is None:
             self._resume_randomly = pause_randomly(self.config.option)

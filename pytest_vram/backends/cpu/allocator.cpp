@@ -8,6 +8,10 @@
 // in a table by data pointer, and freeing one (on any thread) takes its size off again. Other
 // blocks are the wrapped allocator's, untouched.
 //
+// While a test's peak is broken down by category, a counter also logs each block it counts and
+// each free, with a code Python keeps up to date for where the watched thread is (in a module's
+// forward, in an optimizer step, ...): pytest_vram/backends/cpu/allocatorlog.py replays it.
+//
 // An op counter (the simulated device, computing on the CPU) counts what ops return rather
 // than every block: a block allocated while an op runs is counted when the outermost op that
 // reaches a kernel returns, if it is still alive then, so that what a kernel allocates for
@@ -64,10 +68,27 @@ using Guard = std::lock_guard<SpinLock>;
 
 // Python reads current and peak straight from memory (ctypes.c_int64.from_address): a read
 // costs no call. An aligned, lock-free 64-bit atomic is a plain 64-bit integer in memory.
+// A counted allocation (bytes > 0) or free (bytes < 0) in a counter's log, with the code of where
+// the watched thread was when it allocated (what Python last wrote into Counter::where).
+struct LogEvent {
+  const void* data;
+  int64_t bytes;
+  int64_t where;
+};
+
 struct Counter {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
   std::atomic<const void*> thread{nullptr};  // the watched thread's marker, or none
+  // Written and read by Python in place, as current and peak are: where the watched thread is
+  // (offset 24), and how many events the log holds (offset 32).
+  std::atomic<int64_t> where{0};
+  std::atomic<int64_t> logged{0};
+  // While a breakdown watches (non-zero, offset 40: Python stops a short log in place, and the
+  // next start clears it), every counted allocation and free, in order.
+  std::atomic<int64_t> logging{0};
+  SpinLock log_mutex;
+  std::vector<LogEvent> log;
 };
 static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t), "current and peak are read as int64");
 static_assert(std::atomic<int64_t>::is_always_lock_free, "current and peak are read as int64");
@@ -327,6 +348,20 @@ void add(Counter* counter, int64_t nbytes) {
   }
 }
 
+// Frees come from any thread, so the log takes a lock; it is only taken while logging.
+void log_event(Counter* counter, const void* data, int64_t bytes) {
+  if (!counter->logging.load(std::memory_order_relaxed)) {
+    return;
+  }
+  Guard guard(counter->log_mutex);
+  if (!counter->logging.load(std::memory_order_relaxed)) {
+    return;
+  }
+  int64_t where = bytes > 0 ? counter->where.load(std::memory_order_relaxed) : 0;
+  counter->log.push_back({data, bytes, where});
+  counter->logged.store(static_cast<int64_t>(counter->log.size()), std::memory_order_release);
+}
+
 void add(OpCounter* counter, int64_t nbytes) {
   int64_t now = counter->current.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
   int64_t peak = counter->peak.load(std::memory_order_relaxed);
@@ -380,6 +415,7 @@ bool release(void* data) {
   for (Counter* counter : block.counters) {
     if (counter != nullptr) {
       counter->current.fetch_sub(static_cast<int64_t>(block.nbytes), std::memory_order_relaxed);
+      log_event(counter, data, -static_cast<int64_t>(block.nbytes));
     }
   }
   if (OpCounter* counter = block.op_counter) {
@@ -456,6 +492,7 @@ struct CountingAllocator final : c10::Allocator {
     for (Counter* counter : block.counters) {
       if (counter != nullptr) {
         add(counter, static_cast<int64_t>(nbytes));
+        log_event(counter, data, static_cast<int64_t>(nbytes));
       }
     }
     return c10::DataPtr(data, data, &counted_delete, device);
@@ -734,9 +771,58 @@ void pytest_vram_unwatch(void* handle) {
   counter->thread.store(nullptr, std::memory_order_relaxed);
 }
 
-// Where Python reads the counter's figures: current at offset 0, peak at offset 8.
+// Where Python reads the counter's figures: current at offset 0, peak at offset 8, and where it
+// writes where the thread is at offset 24, reads the log's length at offset 32 and stops the
+// log at offset 40.
 int pytest_vram_counter_layout(void) {
-  return offsetof(Counter, current) == 0 && offsetof(Counter, peak) == 8 ? 0 : 1;
+  return offsetof(Counter, current) == 0 && offsetof(Counter, peak) == 8 &&
+                 offsetof(Counter, where) == 24 && offsetof(Counter, logged) == 32 &&
+                 offsetof(Counter, logging) == 40
+             ? 0
+             : 1;
+}
+
+// Starts (on: an empty log) or stops (its memory released) logging the counter's events.
+void pytest_vram_log(void* handle, int on) {
+  auto* counter = static_cast<Counter*>(handle);
+  Guard guard(counter->log_mutex);
+  counter->log.clear();
+  if (!on) {
+    counter->log.shrink_to_fit();
+  }
+  counter->logged.store(0, std::memory_order_release);
+  counter->logging.store(on != 0 ? 1 : 0, std::memory_order_relaxed);
+}
+
+// Copies up to count events from index first as (data, bytes, where) triples; how many.
+int64_t pytest_vram_log_read(void* handle, int64_t first, int64_t* out, int64_t count) {
+  auto* counter = static_cast<Counter*>(handle);
+  Guard guard(counter->log_mutex);
+  int64_t size = static_cast<int64_t>(counter->log.size());
+  int64_t copied = 0;
+  for (int64_t i = first; i < size && copied < count; ++i, ++copied) {
+    const LogEvent& event = counter->log[static_cast<size_t>(i)];
+    out[3 * copied] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(event.data));
+    out[3 * copied + 1] = event.bytes;
+    out[3 * copied + 2] = event.where;
+  }
+  return copied;
+}
+
+// The bytes the counter counts for the block at data (0: it counts none there).
+int64_t pytest_vram_counted_bytes(void* handle, void* data) {
+  Shard& shard = shard_of(data);
+  Guard guard(shard.mutex);
+  auto found = shard.blocks.find(data);
+  if (found == shard.blocks.end()) {
+    return 0;
+  }
+  for (Counter* counter : found->second.counters) {
+    if (counter == handle) {
+      return static_cast<int64_t>(found->second.nbytes);
+    }
+  }
+  return 0;
 }
 
 void pytest_vram_reset_peak(void* handle) {

@@ -49,6 +49,9 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_unwatch", None, [handle]),
         ("pytest_vram_counter_layout", ctypes.c_int, []),
         ("pytest_vram_reset_peak", None, [handle]),
+        ("pytest_vram_log", None, [handle, ctypes.c_int]),
+        ("pytest_vram_log_read", ctypes.c_int64, [handle, ctypes.c_int64, handle, ctypes.c_int64]),
+        ("pytest_vram_counted_bytes", ctypes.c_int64, [handle, handle]),
         ("pytest_vram_new_op_counter", handle, []),
         ("pytest_vram_op_watch", ctypes.c_int, [handle]),
         ("pytest_vram_op_unwatch", None, [handle]),
@@ -81,6 +84,12 @@ def load() -> ctypes.CDLL:
         )
     _library, _loaded_note = library, build._cache_note
     return library
+
+
+# Events read into one buffer kept for it, and how long a log may be for its memory to be kept
+# until the next start (24 bytes an event).
+_EVENTS_READ = 256
+_EVENTS_KEPT = 1 << 16
 
 
 class _ReadInPlace:
@@ -126,7 +135,13 @@ class AllocatorCounter(_ReadInPlace):
 
     def __init__(self) -> None:
         self._library = load()
-        self._open(self._library.pytest_vram_new_counter())
+        address = self._library.pytest_vram_new_counter()
+        self._open(address)
+        #: Where the watched thread is, a code logged with each allocation: written in place.
+        self.where = ctypes.c_int64.from_address(address + 24)
+        self._logged = ctypes.c_int64.from_address(address + 32)
+        self._logging = ctypes.c_int64.from_address(address + 40)
+        self._events = (ctypes.c_int64 * (3 * _EVENTS_READ))()
 
     def watch(self) -> None:
         self._check_installed()
@@ -145,6 +160,36 @@ class AllocatorCounter(_ReadInPlace):
         # Written in place, as it is read: only the watched thread raises the peak, and it is
         # running this.
         self._peak.value = self._current.value
+
+    # -- the log a breakdown replays ------------------------------------------------------
+
+    def log(self, on: bool) -> None:
+        """Start logging every counted allocation and free on an empty log (True), or stop and
+        let the log go (False)."""
+        if not on and self._logged.value <= _EVENTS_KEPT:
+            # Stopped in place: a short log's memory may wait for the next start.
+            self._logging.value = 0
+            return
+        self._library.pytest_vram_log(self._handle, int(on))
+
+    @property
+    def logged(self) -> int:
+        """How many events the log holds."""
+        return self._logged.value
+
+    def read_log(self, first: int) -> list[int]:
+        """The events from index ``first`` on, flat: data pointer, bytes (negative for a free)
+        and the where code of each."""
+        count = self._logged.value - first
+        if count <= 0:
+            return []
+        events = self._events if count <= _EVENTS_READ else (ctypes.c_int64 * (3 * count))()
+        copied = self._library.pytest_vram_log_read(self._handle, first, events, count)
+        return events[: 3 * copied]
+
+    def counted_bytes(self, data_ptr: int) -> int:
+        """The bytes counted for the block at ``data_ptr``: 0 when this counter counts none."""
+        return self._library.pytest_vram_counted_bytes(self._handle, data_ptr)
 
 
 class OpCounter(_ReadInPlace):

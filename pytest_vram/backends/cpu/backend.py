@@ -87,10 +87,12 @@ class CpuBackend(Backend):
         self._notes: list[str] = []
         self.counter: Counter = self._open(counter)
         self._watching = False
+        self._log: Any = None
         if isinstance(self.counter, AllocatorCounter):
             # Its figures, read without a Python call in between: several reads a test.
             self.allocated = self.counter.read_current  # type: ignore[method-assign]
             self.peak_allocated = self.counter.read_peak  # type: ignore[method-assign]
+            self.allocation_log = self._allocation_log
 
     def _open(self, counter: str) -> Counter:
         if counter not in CPU_COUNTERS:
@@ -111,6 +113,14 @@ class CpuBackend(Backend):
             return DispatchCounter()
         self._notes += cpu_allocator.notes()  # where the library came from, if not the cache
         return allocator
+
+    def _allocation_log(self) -> Any:
+        if self._log is None:
+            from pytest_vram.backends.cpu.allocatorlog import AllocatorLog
+
+            assert isinstance(self.counter, AllocatorCounter)
+            self._log = AllocatorLog(self.counter)
+        return self._log
 
     @property
     def tracker(self) -> StorageTracker | None:  # type: ignore[override]
