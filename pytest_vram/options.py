@@ -141,8 +141,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--vram-breakdown",
         action="store_true",
-        help="break each measured test's peak down by category (parameters, gradients, optimizer, "
-        "activations, temporaries, other) and module; stored in baselines when updating them",
+        help="break each measured test's peak down by module too, besides the category totals "
+        "(parameters, gradients, optimizer, activations, temporaries, other) that sim and cpu "
+        "tests store in their baselines; on cuda, take both",
     )
     parser.addini("vram_backend", "default backend: auto, cuda, cpu or sim", default="auto")
     parser.addini(

@@ -222,7 +222,8 @@ class PeakBreakdown:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.tracker.flush()
+        # What is freed after the result is no one's: a tracker applies its queued releases as it
+        # lets the listener go, the allocator log drops what it holds.
         self.tracker.remove_listener(self)
         self._stack.clear()
 
