@@ -110,6 +110,10 @@ def test_rank_0_reports_and_stores_every_rank(pytester: pytest.Pytester) -> None
         "peak_allocated": 8192,
         "peak_allocated_rank0": 4096,
         "peak_allocated_rank1": 8192,
+        # What each rank's peak held, by category: the test's own tensor.
+        "peak_temporaries": 8192,
+        "peak_temporaries_rank0": 4096,
+        "peak_temporaries_rank1": 8192,
     }
     ddp = tests["test_ranks.py::test_ddp_step"]
     fsdp = tests["test_ranks.py::test_fsdp2_step"]
