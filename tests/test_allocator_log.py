@@ -135,11 +135,11 @@ def test_nothing_is_logged_after_the_breakdown_stops(cpu: CpuBackend) -> None:
     breakdown.start()
     kept = [torch.ones(16) for _ in range(10)]
     breakdown.stop()
-    logged = cpu.counter.logged
+    logged = cpu.counter.log_length()
     assert logged >= 10
     del kept
     more = torch.ones(16)
-    assert cpu.counter.logged == logged
+    assert cpu.counter.log_length() == logged
     assert more.nbytes == 64
 
 
@@ -148,6 +148,90 @@ def test_a_long_log_is_let_go_when_the_breakdown_stops(cpu: CpuBackend) -> None:
     breakdown.start()
     for _ in range(40_000):  # two events each: more than a stopped log keeps
         torch.ones(1)
-    assert cpu.counter.logged == 80_000
+    assert cpu.counter.log_length() == 80_000
     breakdown.stop()
-    assert cpu.counter.logged == 0
+    assert cpu.counter.log_length() == 0
+
+
+def test_a_new_breakdown_starts_on_an_empty_log(cpu: CpuBackend) -> None:
+    log = cpu.allocation_log()
+    first = PeakBreakdown(log, modules=False)
+    first.start()
+    big = torch.ones(1 << 16)
+    first.stop()
+    del big
+    second = PeakBreakdown(log, modules=False)
+    second.start()
+    try:
+        assert cpu.counter.log_length() == 0
+        small = torch.ones(256)
+        result = second.result()
+    finally:
+        second.stop()
+    # The first breakdown's block and its free are not the second's peak.
+    assert result["total"] == small.nbytes
+    assert result["categories"]["temporaries"] == small.nbytes
+
+
+def test_every_block_alive_at_a_peak_of_many_is_read(cpu: CpuBackend) -> None:
+    # More blocks alive at the peak than the buffer kept for reading them holds.
+    breakdown = PeakBreakdown(cpu.allocation_log(), modules=False)
+    breakdown.start()
+    try:
+        blocks = [torch.ones(64) for _ in range(1000)]
+        peak = sum(block.untyped_storage().nbytes() for block in blocks)
+        blocks.clear()
+        after = torch.ones(64)
+        result = breakdown.result()
+    finally:
+        breakdown.stop()
+    assert result["total"] == peak
+    assert result["categories"]["temporaries"] == peak
+    assert after.nbytes == 256
+
+
+def _by_place(live: Any) -> dict[Any, int]:
+    totals: dict[Any, int] = {}
+    for _tag, size, place in live:
+        totals[place] = totals.get(place, 0) + size
+    return {place: size for place, size in totals.items() if size}
+
+
+def test_the_peak_by_place_kept_as_the_log_grows_is_the_replays(cpu: CpuBackend) -> None:
+    # What a test whose tensors no hook met reads in place equals the replay of its log.
+    log = cpu.allocation_log()
+    log.add_listener(object())
+    try:
+        log.note_place("a")
+        first = torch.ones(256)
+        log.note_place("b")
+        second = torch.ones(1024)
+        del first
+        third = torch.ones(2048)  # the peak: second and third
+        del third
+        log.note_place("a")
+        fourth = torch.ones(512)
+        expected = {"b": second.nbytes + 2048 * 4}
+        assert _by_place(log.live_at_peak(by_place=True)) == expected
+        assert _by_place(log.live_at_peak()) == expected
+        log.peak_from_here()  # what came before was a fixture's: only the next peak counts
+        fifth = torch.ones(128)
+        expected = {"b": second.nbytes, "a": fourth.nbytes + fifth.nbytes}
+        assert _by_place(log.live_at_peak(by_place=True)) == expected
+        assert _by_place(log.live_at_peak()) == expected
+    finally:
+        log.remove_listener(None)
+
+
+def test_more_places_than_kept_in_place_are_replayed(cpu: CpuBackend) -> None:
+    log = cpu.allocation_log()
+    log.add_listener(object())
+    try:
+        kept = []
+        for place in range(40):
+            log.note_place(("place", place))
+            kept.append(torch.ones(64 * (place + 1)))
+        by_place = _by_place(log.live_at_peak(by_place=True))
+    finally:
+        log.remove_listener(None)
+    assert by_place == {("place", n): kept[n].nbytes for n in range(40)}

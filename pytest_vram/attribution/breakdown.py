@@ -11,7 +11,8 @@ for themselves).
 How: a listener on the storage tracker logs each allocation and free as it happens (an append
 per event) with the module whose forward was running, and global module and optimizer hooks
 note which storages are parameters, gradients and optimizer state. When the test's call ends
-the log is replayed to the moment of the peak, and what was alive then is summed. Modules are
+the log is replayed to the moment of the peak, and what was alive then is summed (the cpu
+allocator counter's log, kept in C++, replays itself and hands back only that). Modules are
 grouped as a model's top-level children (the items of a top-level ``ModuleList``, ``ModuleDict``
 or ``Sequential`` each on its own), the largest first.
 """
@@ -45,6 +46,8 @@ __all__ = [
 MODULES_SHOWN = 8
 
 _FORWARD, _OPTIMIZER, _OUTSIDE = 1, 2, 0
+# Which category a storage that is more than one of these is counted in: the lowest.
+_RANK = {"parameters": 0, "gradients": 1, "optimizer": 2, "other": 3}
 # Where a broader-scoped fixture made in the test's setup allocated: classified as memory held
 # from before the test is, since a later test that uses the fixture finds it so.
 _HELD: tuple[int | None, str | None] = (None, None)
@@ -172,20 +175,17 @@ class PeakBreakdown:
         self._roots: list[weakref.ref[Any]] = []
         self._named: set[int] = set()
         self._hooked: set[int] = set()
-        self.params: dict[int, str | None] = {}
-        self.grads: dict[int, str | None] = {}
-        self.states: dict[int, str | None] = {}
-        self.buffers: dict[int, str | None] = {}
+        # tag -> (category, module unit) of each storage a hook met (see _know).
+        self.known: dict[int, tuple[str, str | None]] = {}
         self._handles: list[Any] = []
         self._note_place: Any = None
+        self._replay: Any = None
 
     # -- the tracker's listener -----------------------------------------------------------
 
-    def allocated(self, tag: int, size: int, handle: Any, place: Any = None) -> None:
-        # place: where it was allocated, when the source tells it after the fact (the cpu
-        # allocator counter's log); None: now.
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
         self._events.append((size, tag, size))
-        self._where[tag] = _HELD if self._making else self._now if place is None else place
+        self._where[tag] = self._now
 
     def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
         self._events.append((new - old, tag, new))
@@ -198,22 +198,25 @@ class PeakBreakdown:
 
     def named(self, tag: int, name: str) -> None:
         # Memory of no module (a cuBLAS workspace): ``other``, listed under its name.
-        self.buffers[tag] = name
+        self._know(tag, "other", name)
 
     def making_fixture(self, started: bool) -> None:
         self._making += 1 if started else -1
-        if not self._making:
-            self._peak_from = len(self._events)
+        self._set_now()
+        if not self._making:  # the peak is looked for from here on
+            if self._replay is None:
+                self._peak_from = len(self._events)
+            else:
+                self.tracker.peak_from_here()
 
     # -- hooks ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        import torch
-
-        self._torch = torch
         self.tracker.add_listener(self)
-        # A source that learns where allocations are made only from us (the allocator log).
+        # A source that learns where allocations are made only from us, and replays itself to
+        # its peak (the allocator log).
         self._note_place = getattr(self.tracker, "note_place", None)
+        self._replay = getattr(self.tracker, "live_at_peak", None)
         self._set_now()
         GLOBAL_HOOKS.attach(self)
 
@@ -228,7 +231,9 @@ class PeakBreakdown:
         self._stack.clear()
 
     def _set_now(self) -> None:
-        if self._stack:
+        if self._making:
+            self._now = _HELD
+        elif self._stack:
             self._now = (_FORWARD, self._unit_of_module.get(id(self._stack[-1])))
         elif self._optimizer_depth:
             self._now = (_OPTIMIZER, None)
@@ -256,7 +261,9 @@ class PeakBreakdown:
             self._named.update(id(module) for module in root.modules())
             self._note_module_tensors(root)
             return
-        nn = self._torch.nn
+        import torch
+
+        nn = torch.nn
         containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
         label = type(root).__name__
         # The children of a bare container are named after it: "Sequential.0".
@@ -281,9 +288,9 @@ class PeakBreakdown:
                 if param is None:
                     continue
                 self._unit_of_param[id(param)] = unit
-                self._note(self.params, param, unit)
+                self._note("parameters", param, unit)
                 if param.grad is not None:
-                    self._note(self.grads, param.grad, unit)
+                    self._note("gradients", param.grad, unit)
                 if param.requires_grad and id(param) not in self._hooked:
                     self._hooked.add(id(param))
                     try:
@@ -295,28 +302,37 @@ class PeakBreakdown:
                 if buffer is not None:
                     tag = tag_of(buffer)
                     if tag is not None:
-                        self.buffers.setdefault(tag, unit)
+                        self._know(tag, "other", unit, replace=False)
 
-    def _note(self, into: dict[int, str | None], tensor: Any, unit: str | None) -> None:
+    def _note(self, category: str, tensor: Any, unit: str | None) -> None:
         tag = self.tracker.tag_of(tensor)
         if tag is not None:
-            into[tag] = unit
+            self._know(tag, category, unit)
+
+    def _know(self, tag: int, category: str, unit: str | None, replace: bool = True) -> None:
+        # A storage that is more than one of these is the first of parameters, gradients,
+        # optimizer state and other; within one, the latest unit noted stands (replace) or
+        # the first.
+        old = self.known.get(tag)
+        if old is None or _RANK[category] < _RANK[old[0]] or (replace and old[0] == category):
+            self.known[tag] = (category, unit)
 
     def _grad_ready(self, param: Any) -> None:
         if param.grad is not None:
-            self._note(self.grads, param.grad, self._unit_of_param.get(id(param)))
+            self._note("gradients", param.grad, self._unit_of_param.get(id(param)))
 
     def _optimizer_tensors(self, optimizer: Any) -> None:
-        tensor = self._torch.Tensor
+        from torch import Tensor
+
         for group in optimizer.param_groups:
             for param in group["params"]:
                 unit = self._unit_of_param.get(id(param))
-                self._note(self.params, param, unit)
+                self._note("parameters", param, unit)
                 if param.grad is not None:
-                    self._note(self.grads, param.grad, unit)
+                    self._note("gradients", param.grad, unit)
                 for value in optimizer.state.get(param, {}).values():
-                    if isinstance(value, tensor):
-                        self._note(self.states, value, unit)
+                    if isinstance(value, Tensor):
+                        self._note("optimizer", value, unit)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._optimizer_tensors(optimizer)
@@ -340,6 +356,42 @@ class PeakBreakdown:
             root = ref()
             if root is not None:
                 self._note_module_tensors(root)
+        if self._replay is not None:
+            # Only the places matter when no storage was met by a hook.
+            live = self._replay(by_place=not self.known)
+        else:
+            live = self._live_at_peak()
+        categories = dict.fromkeys(CATEGORIES, 0)
+        modules: dict[str, dict[str, int]] = {}
+        known = self.known
+        for tag, size, place in live:
+            category, unit = known.get(tag) or _by_place(place)
+            categories[category] += size
+            if unit is not None and self.modules:
+                per = modules.setdefault(unit, dict.fromkeys(CATEGORIES, 0))
+                per[category] += size
+        attributed = sum(categories.values())
+        total = max(attributed, peak or 0)
+        categories["other"] += total - attributed
+        if not modules:
+            return {"total": total, "categories": categories, "modules": []}
+        ranked = sorted(modules.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+        return {
+            "total": total,
+            "categories": categories,
+            "modules": [
+                {
+                    "name": name,
+                    "bytes": sum(per.values()),
+                    "categories": {k: v for k, v in per.items() if v},
+                }
+                for name, per in ranked[:MODULES_SHOWN]
+            ],
+        }
+
+    def _live_at_peak(self) -> list[tuple[int, int, Any]]:
+        """Replays the logged events to the peak: (tag, bytes, where it was allocated) of each
+        storage alive then."""
         events = self._events
         start = self._peak_from
         running = sum(delta for delta, _tag, _size in events[:start])
@@ -356,43 +408,16 @@ class PeakBreakdown:
                 live[tag] = size
             else:
                 live.pop(tag, None)
-        categories = dict.fromkeys(CATEGORIES, 0)
-        modules: dict[str, dict[str, int]] = {}
-        for tag, size in live.items():
-            category, unit = self._classify(tag)
-            categories[category] += size
-            if unit is not None:
-                per = modules.setdefault(unit, dict.fromkeys(CATEGORIES, 0))
-                per[category] += size
-        attributed = sum(categories.values())
-        total = max(attributed, peak or 0)
-        categories["other"] += total - attributed
-        ranked = sorted(modules.items(), key=lambda item: (-sum(item[1].values()), item[0]))
-        return {
-            "total": total,
-            "categories": categories,
-            "modules": [
-                {
-                    "name": name,
-                    "bytes": sum(per.values()),
-                    "categories": {k: v for k, v in per.items() if v},
-                }
-                for name, per in ranked[:MODULES_SHOWN]
-            ],
-        }
+        where = self._where
+        return [(tag, size, where.get(tag)) for tag, size in live.items()]
 
-    def _classify(self, tag: int) -> tuple[str, str | None]:
-        for category, known in (
-            ("parameters", self.params),
-            ("gradients", self.grads),
-            ("optimizer", self.states),
-            ("other", self.buffers),
-        ):
-            if tag in known:
-                return category, known[tag]
-        phase, unit = self._where.get(tag, (None, None))
-        if phase == _FORWARD:
-            return "activations", unit
-        if phase is None:
-            return "other", None
-        return "temporaries", None
+
+def _by_place(place: tuple[int | None, str | None] | None) -> tuple[str, str | None]:
+    """The category and module unit of a storage no hook met, from where it was allocated
+    (phase, unit), None when unknown."""
+    phase, unit = place or _HELD
+    if phase == _FORWARD:
+        return "activations", unit
+    if phase is None:
+        return "other", None
+    return "temporaries", None

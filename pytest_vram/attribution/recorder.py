@@ -31,13 +31,17 @@ class Attribution:
         self._source: Any = None
         self._peak: Any = None
         self._modules = False
+        self._holding = False
+        # backend -> whether it sees allocations (_sees_allocations), and the log to read when it
+        # logs them (the cpu allocator counter's), asked once
+        self._sources: dict[Any, tuple[bool, Any]] = {}
 
     def wants_breakdown(self, entry: Mapping[str, Any] | None, backend: Any = None) -> bool:
         """Whether the test measured on ``backend`` with baseline ``entry`` records its peak's
         categories (the whole breakdown under ``--vram-breakdown``)."""
         if self.breakdown:
             return True
-        if backend is not None and self.categories_by_default and _sees_allocations(backend):
+        if backend is not None and self.categories_by_default and self._source_of(backend)[0]:
             return True
         return entry is not None and entry_categories(entry) is not None
 
@@ -45,10 +49,11 @@ class Attribution:
         """Start logging for the breakdown of a test that wants one (:meth:`wants_breakdown`);
         whether ``backend`` can give one."""
         self.end()
-        GLOBAL_HOOKS.hold(True)  # the session's other tests will want them too
-        if backend.tracker is None and backend.allocation_log is not None:
-            tracker = backend.allocation_log()
-        else:
+        if not self._holding:  # the session's other tests will want them too
+            GLOBAL_HOOKS.hold(True)
+            self._holding = True
+        tracker = self._source_of(backend)[1]
+        if tracker is None:
             source = TrackerSource(backend)
             tracker = source.open()
             if tracker is None:
@@ -73,7 +78,18 @@ class Attribution:
     def close(self) -> None:
         """At the end of the session: the global hooks go."""
         self.end()
-        GLOBAL_HOOKS.hold(False)
+        if self._holding:
+            GLOBAL_HOOKS.hold(False)
+            self._holding = False
+
+    def _source_of(self, backend: Any) -> tuple[bool, Any]:
+        known = self._sources.get(backend)
+        if known is None:
+            log = None
+            if backend.tracker is None and backend.allocation_log is not None:
+                log = backend.allocation_log()
+            known = self._sources[backend] = (_sees_allocations(backend), log)
+        return known
 
     def end(self) -> None:
         if self._peak is not None:

@@ -10,7 +10,9 @@
 //
 // While a test's peak is broken down by category, a counter also logs each block it counts and
 // each free, with a code Python keeps up to date for where the watched thread is (in a module's
-// forward, in an optimizer step, ...): pytest_vram/backends/cpu/allocatorlog.py replays it.
+// forward, in an optimizer step, ...). It tags each block for Python, replays the log to its
+// peak when asked, and keeps the bytes alive at the peak by where code as the log grows, which
+// Python reads in place: pytest_vram/backends/cpu/allocatorlog.py is its Python side.
 //
 // An op counter (the simulated device, computing on the CPU) counts what ops return rather
 // than every block: a block allocated while an op runs is counted when the outermost op that
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -47,6 +50,7 @@
 namespace {
 
 constexpr int kSlots = 4;  // counters that may watch at the same time
+constexpr int kPlaces = 16;  // where codes whose bytes at the peak are kept as the log grows
 
 // A lock for the few instructions of a map or segment update, taken for nearly every allocation
 // and free and almost never contended (frees on other threads are rare): cheaper there than
@@ -74,6 +78,15 @@ struct LogEvent {
   const void* data;
   int64_t bytes;
   int64_t where;
+  // An allocation's: the index + 1 of the event that freed it, 0 while alive, so that replaying
+  // the log to a point needs no lookup.
+  int64_t freed;
+};
+// A block counted before the log began, that Python met and asked the tag of.
+struct Adopted {
+  int64_t bytes;
+  int64_t tag;
+  int64_t freed;  // as LogEvent's
 };
 
 struct Counter {
@@ -84,12 +97,32 @@ struct Counter {
   // (offset 24), and how many events the log holds (offset 32).
   std::atomic<int64_t> where{0};
   std::atomic<int64_t> logged{0};
-  // While a breakdown watches (non-zero, offset 40: Python stops a short log in place, and the
-  // next start clears it), every counted allocation and free, in order.
+  // While a breakdown watches (non-zero, offset 40), every counted allocation and free, in
+  // order. Python starts and stops a log in place: kLogStarting asks for an empty log, which the
+  // next event or read makes (settle_log), and 0 stops it, its memory kept for the next start.
   std::atomic<int64_t> logging{0};
+  // Read by Python in place (offset 48): the bytes alive at the log's peak by where code, for the
+  // codes below kPlaces, of the blocks allocated in the log. Python reads it in place while no
+  // block the log counts matters to it by itself: a test's peak by category with no Python call.
+  int64_t peak_by_where[kPlaces] = {};
+  // Kept up to date as the log grows: its running total, the peak of it from event peak_from
+  // on, and the bytes alive by where code now.
+  int64_t running = 0;
+  int64_t best = 0;
+  int64_t peak_from = 0;
+  int64_t live_by_where[kPlaces] = {};
+  // Where pytest_vram_log_peak writes the blocks alive at the peak, and how many fit.
+  int64_t* peak_blocks = nullptr;
+  int64_t peak_capacity = 0;
   SpinLock log_mutex;
   std::vector<LogEvent> log;
+  // While logging: the tag of the block at each data pointer that the log knows alive. A block
+  // allocated in the log is tagged with its event's index + 1; a block counted before the log
+  // began is tagged -1, -2, ... (its index in adopted, negated, - 1) when Python first asks.
+  std::unordered_map<const void*, int64_t> tags;
+  std::vector<Adopted> adopted;
 };
+constexpr int64_t kLogStarting = 2;
 static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t), "current and peak are read as int64");
 static_assert(std::atomic<int64_t>::is_always_lock_free, "current and peak are read as int64");
 
@@ -348,6 +381,27 @@ void add(Counter* counter, int64_t nbytes) {
   }
 }
 
+// Empties the log that Python started in place; the caller holds the log's lock.
+void settle_log(Counter* counter) {
+  if (counter->logging.load(std::memory_order_relaxed) != kLogStarting) {
+    return;
+  }
+  counter->log.clear();
+  counter->tags.clear();
+  counter->adopted.clear();
+  counter->running = counter->best = counter->peak_from = 0;
+  std::fill(std::begin(counter->live_by_where), std::end(counter->live_by_where), 0);
+  std::fill(std::begin(counter->peak_by_where), std::end(counter->peak_by_where), 0);
+  counter->logged.store(0, std::memory_order_release);
+  counter->logging.store(1, std::memory_order_relaxed);
+}
+
+void add_where(Counter* counter, int64_t where, int64_t bytes) {
+  if (where >= 0 && where < kPlaces) {
+    counter->live_by_where[where] += bytes;
+  }
+}
+
 // Frees come from any thread, so the log takes a lock; it is only taken while logging.
 void log_event(Counter* counter, const void* data, int64_t bytes) {
   if (!counter->logging.load(std::memory_order_relaxed)) {
@@ -357,8 +411,34 @@ void log_event(Counter* counter, const void* data, int64_t bytes) {
   if (!counter->logging.load(std::memory_order_relaxed)) {
     return;
   }
-  int64_t where = bytes > 0 ? counter->where.load(std::memory_order_relaxed) : 0;
-  counter->log.push_back({data, bytes, where});
+  settle_log(counter);
+  int64_t index = static_cast<int64_t>(counter->log.size());
+  int64_t where = 0;
+  if (bytes > 0) {
+    where = counter->where.load(std::memory_order_relaxed);
+    counter->tags[data] = index + 1;
+    add_where(counter, where, bytes);
+  } else {
+    auto found = counter->tags.find(data);
+    if (found != counter->tags.end()) {
+      int64_t tag = found->second;
+      if (tag > 0) {
+        LogEvent& allocated = counter->log[static_cast<size_t>(tag - 1)];
+        allocated.freed = index + 1;
+        add_where(counter, allocated.where, bytes);
+      } else {
+        counter->adopted[static_cast<size_t>(-tag - 1)].freed = index + 1;
+      }
+      counter->tags.erase(found);
+    }
+  }
+  counter->log.push_back({data, bytes, where, 0});
+  counter->running += bytes;
+  if (counter->running > counter->best) {
+    counter->best = counter->running;
+    std::copy(std::begin(counter->live_by_where), std::end(counter->live_by_where),
+              std::begin(counter->peak_by_where));
+  }
   counter->logged.store(static_cast<int64_t>(counter->log.size()), std::memory_order_release);
 }
 
@@ -777,36 +857,131 @@ void pytest_vram_unwatch(void* handle) {
 int pytest_vram_counter_layout(void) {
   return offsetof(Counter, current) == 0 && offsetof(Counter, peak) == 8 &&
                  offsetof(Counter, where) == 24 && offsetof(Counter, logged) == 32 &&
-                 offsetof(Counter, logging) == 40
+                 offsetof(Counter, logging) == 40 && offsetof(Counter, peak_by_where) == 48
              ? 0
              : 1;
 }
 
-// Starts (on: an empty log) or stops (its memory released) logging the counter's events.
-void pytest_vram_log(void* handle, int on) {
+// Stops the log and releases its memory (Python stops a short one in place instead).
+void pytest_vram_log_release(void* handle) {
   auto* counter = static_cast<Counter*>(handle);
   Guard guard(counter->log_mutex);
-  counter->log.clear();
-  if (!on) {
-    counter->log.shrink_to_fit();
-  }
+  counter->logging.store(0, std::memory_order_relaxed);
+  std::vector<LogEvent>().swap(counter->log);
+  std::unordered_map<const void*, int64_t>().swap(counter->tags);
+  std::vector<Adopted>().swap(counter->adopted);
   counter->logged.store(0, std::memory_order_release);
-  counter->logging.store(on != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 
-// Copies up to count events from index first as (data, bytes, where) triples; how many.
-int64_t pytest_vram_log_read(void* handle, int64_t first, int64_t* out, int64_t count) {
+// The peak is looked for from the next event on (what came before was a fixture's).
+void pytest_vram_log_peak_from_here(void* handle) {
   auto* counter = static_cast<Counter*>(handle);
   Guard guard(counter->log_mutex);
-  int64_t size = static_cast<int64_t>(counter->log.size());
-  int64_t copied = 0;
-  for (int64_t i = first; i < size && copied < count; ++i, ++copied) {
-    const LogEvent& event = counter->log[static_cast<size_t>(i)];
-    out[3 * copied] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(event.data));
-    out[3 * copied + 1] = event.bytes;
-    out[3 * copied + 2] = event.where;
+  settle_log(counter);
+  counter->peak_from = static_cast<int64_t>(counter->log.size());
+  counter->best = counter->running;
+  std::copy(std::begin(counter->live_by_where), std::end(counter->live_by_where),
+            std::begin(counter->peak_by_where));
+}
+
+// How many events the log holds.
+int64_t pytest_vram_log_length(void* handle) {
+  auto* counter = static_cast<Counter*>(handle);
+  Guard guard(counter->log_mutex);
+  settle_log(counter);
+  return static_cast<int64_t>(counter->log.size());
+}
+
+int64_t pytest_vram_counted_bytes(void* handle, void* data);
+
+// The tag of the counted block at data (0: the counter counts none there). A block counted
+// before the log began is adopted: alive from the log's start until the log frees it.
+int64_t pytest_vram_log_tag(void* handle, void* data) {
+  auto* counter = static_cast<Counter*>(handle);
+  {
+    Guard guard(counter->log_mutex);
+    settle_log(counter);
+    auto found = counter->tags.find(data);
+    if (found != counter->tags.end()) {
+      return found->second;
+    }
   }
-  return copied;
+  // Not under the log's lock: an allocation takes a shard's lock, then the log's.
+  int64_t bytes = pytest_vram_counted_bytes(handle, data);
+  if (bytes == 0) {
+    return 0;
+  }
+  Guard guard(counter->log_mutex);
+  settle_log(counter);
+  auto found = counter->tags.find(data);
+  if (found != counter->tags.end()) {
+    return found->second;
+  }
+  int64_t tag = -static_cast<int64_t>(counter->adopted.size()) - 1;
+  counter->adopted.push_back({bytes, tag, 0});
+  counter->tags[data] = tag;
+  return tag;
+}
+
+// Where pytest_vram_log_peak writes: capacity (tag, bytes, where) triples at out.
+void pytest_vram_log_peak_blocks(void* handle, int64_t* out, int64_t capacity) {
+  auto* counter = static_cast<Counter*>(handle);
+  Guard guard(counter->log_mutex);
+  counter->peak_blocks = out;
+  counter->peak_capacity = capacity;
+}
+
+// Replays the log to its peak, the highest running total at or after event index peak_from (the
+// first such event; before peak_from when none is higher: the peak peak_by_where is of), and
+// writes the blocks alive then as
+// (tag, bytes, where) triples where pytest_vram_log_peak_blocks said, as many as fit; an adopted
+// block's where is -1. Returns how many blocks were alive, which may be more than it wrote.
+// One argument, no more: what a call from Python costs is mostly converting its arguments.
+int64_t pytest_vram_log_peak(void* handle) {
+  auto* counter = static_cast<Counter*>(handle);
+  Guard guard(counter->log_mutex);
+  settle_log(counter);
+  int64_t* out = counter->peak_blocks;
+  int64_t capacity = counter->peak_capacity;
+  const std::vector<LogEvent>& log = counter->log;
+  int64_t size = static_cast<int64_t>(log.size());
+  int64_t first = std::max<int64_t>(0, std::min(counter->peak_from, size));
+  int64_t running = 0;
+  for (int64_t i = 0; i < first; ++i) {
+    running += log[static_cast<size_t>(i)].bytes;
+  }
+  int64_t best = running;
+  int64_t end = first;  // events before end make the peak
+  for (int64_t i = first; i < size; ++i) {
+    running += log[static_cast<size_t>(i)].bytes;
+    if (running > best) {
+      best = running;
+      end = i + 1;
+    }
+  }
+  // A block is alive at the peak when allocated before end and not freed before it: freed (the
+  // index + 1 of its free) is 0 or past end.
+  int64_t count = 0;
+  auto write = [&](int64_t tag, int64_t bytes, int64_t where) {
+    if (count < capacity) {
+      out[3 * count] = tag;
+      out[3 * count + 1] = bytes;
+      out[3 * count + 2] = where;
+    }
+    ++count;
+  };
+  for (const Adopted& block : counter->adopted) {
+    if (block.freed == 0 || block.freed > end) {
+      write(block.tag, block.bytes, -1);
+    }
+  }
+  for (int64_t i = 0; i < end; ++i) {
+    const LogEvent& event = log[static_cast<size_t>(i)];
+    if (event.bytes > 0 && (event.freed == 0 || event.freed > end)) {
+      write(i + 1, event.bytes, event.where);
+    }
+  }
+  return count;
 }
 
 // The bytes the counter counts for the block at data (0: it counts none there).

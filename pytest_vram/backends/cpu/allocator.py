@@ -49,8 +49,13 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_unwatch", None, [handle]),
         ("pytest_vram_counter_layout", ctypes.c_int, []),
         ("pytest_vram_reset_peak", None, [handle]),
-        ("pytest_vram_log", None, [handle, ctypes.c_int]),
-        ("pytest_vram_log_read", ctypes.c_int64, [handle, ctypes.c_int64, handle, ctypes.c_int64]),
+        ("pytest_vram_log_release", None, [handle]),
+        ("pytest_vram_log_length", ctypes.c_int64, [handle]),
+        ("pytest_vram_log_peak_from_here", None, [handle]),
+        ("pytest_vram_log_tag", ctypes.c_int64, [handle, handle]),
+        ("pytest_vram_log_peak_blocks", None, [handle, handle, ctypes.c_int64]),
+        # Called with the counter's own c_void_p: no argument to convert.
+        ("pytest_vram_log_peak", ctypes.c_int64, None),
         ("pytest_vram_counted_bytes", ctypes.c_int64, [handle, handle]),
         ("pytest_vram_new_op_counter", handle, []),
         ("pytest_vram_op_watch", ctypes.c_int, [handle]),
@@ -86,10 +91,13 @@ def load() -> ctypes.CDLL:
     return library
 
 
-# Events read into one buffer kept for it, and how long a log may be for its memory to be kept
-# until the next start (24 bytes an event).
-_EVENTS_READ = 256
+# Blocks alive at a log's peak read into one buffer kept for it, and how long a log may be for its
+# memory to be kept until the next start (24 bytes an event, and its tag's).
+_BLOCKS_READ = 256
 _EVENTS_KEPT = 1 << 16
+_LOG_STARTING = 2
+#: Where codes below this have their bytes at the peak kept as the log grows (kPlaces).
+LOG_PLACES = 16
 
 
 class _ReadInPlace:
@@ -141,7 +149,8 @@ class AllocatorCounter(_ReadInPlace):
         self.where = ctypes.c_int64.from_address(address + 24)
         self._logged = ctypes.c_int64.from_address(address + 32)
         self._logging = ctypes.c_int64.from_address(address + 40)
-        self._events = (ctypes.c_int64 * (3 * _EVENTS_READ))()
+        self._peak_by_where = (ctypes.c_int64 * LOG_PLACES).from_address(address + 48)
+        self._peak_blocks(_BLOCKS_READ)
 
     def watch(self) -> None:
         self._check_installed()
@@ -163,29 +172,53 @@ class AllocatorCounter(_ReadInPlace):
 
     # -- the log a breakdown replays ------------------------------------------------------
 
-    def log(self, on: bool) -> None:
-        """Start logging every counted allocation and free on an empty log (True), or stop and
-        let the log go (False)."""
-        if not on and self._logged.value <= _EVENTS_KEPT:
-            # Stopped in place: a short log's memory may wait for the next start.
-            self._logging.value = 0
-            return
-        self._library.pytest_vram_log(self._handle, int(on))
+    def start_log(self) -> None:
+        """Log every counted allocation and free from now on, on an empty log."""
+        # In place, as the figures are read: the library empties the log at its next event.
+        self._logged.value = 0
+        self._logging.value = _LOG_STARTING
 
-    @property
-    def logged(self) -> int:
+    def stop_log(self) -> None:
+        """Stop logging; a long log's memory is let go."""
+        if self._logged.value <= _EVENTS_KEPT:
+            self._logging.value = 0  # the memory of a short log waits for the next start
+        else:
+            self._library.pytest_vram_log_release(self._handle)
+
+    def log_length(self) -> int:
         """How many events the log holds."""
-        return self._logged.value
+        return self._library.pytest_vram_log_length(self._handle)
 
-    def read_log(self, first: int) -> list[int]:
-        """The events from index ``first`` on, flat: data pointer, bytes (negative for a free)
-        and the where code of each."""
-        count = self._logged.value - first
-        if count <= 0:
-            return []
-        events = self._events if count <= _EVENTS_READ else (ctypes.c_int64 * (3 * count))()
-        copied = self._library.pytest_vram_log_read(self._handle, first, events, count)
-        return events[: 3 * copied]
+    def log_tag(self, data_ptr: int) -> int:
+        """The log's tag of the counted block at ``data_ptr``, 0 when none is counted there. A
+        block counted before the log began (a negative tag) is alive from the log's start until
+        the log frees it."""
+        return self._library.pytest_vram_log_tag(self._handle, data_ptr)
+
+    def log_peak_from_here(self) -> None:
+        """Look for the log's peak from the next event on."""
+        self._library.pytest_vram_log_peak_from_here(self._handle)
+
+    def log_peak_by_where(self, codes: int = LOG_PLACES) -> list[int]:
+        """The bytes alive at the log's peak by where code, for the codes below ``codes`` (at
+        most :data:`LOG_PLACES`), of the blocks allocated in the log."""
+        if not self._logged.value:  # nothing logged since the start: the figures are stale
+            return [0] * codes
+        return self._peak_by_where[:codes]
+
+    def log_peak(self) -> list[int]:
+        """The blocks alive at the log's peak, flat: the tag, bytes and where code of each;
+        where is -1 for a block counted before the log began."""
+        count = self._library.pytest_vram_log_peak(self._handle)
+        if count > self._capacity:
+            self._peak_blocks(count)
+            count = self._library.pytest_vram_log_peak(self._handle)
+        return self._blocks[: 3 * min(count, self._capacity)]
+
+    def _peak_blocks(self, capacity: int) -> None:
+        self._blocks = (ctypes.c_int64 * (3 * capacity))()
+        self._capacity = capacity
+        self._library.pytest_vram_log_peak_blocks(self._handle, self._blocks, capacity)
 
     def counted_bytes(self, data_ptr: int) -> int:
         """The bytes counted for the block at ``data_ptr``: 0 when this counter counts none."""

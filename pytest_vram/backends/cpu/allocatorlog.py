@@ -3,16 +3,20 @@
 The allocator counter sees no tensor, only blocks: while a breakdown listens, it logs in C++
 each block it counts and each free, with a code for where the test's thread was when it
 allocated (in a module's forward, an optimizer's step, ...), which the breakdown keeps up to
-date through :meth:`AllocatorLog.note_place`. Nothing runs in Python per allocation: the log is
-read when the breakdown asks for tags, when a broader-scoped fixture starts or ends, and at the
-end of the test, and handed to the listener in order, each block tagged as a tracker tags a
-storage. A tensor's tag is that of the block at its storage's data pointer now.
+date through :meth:`AllocatorLog.note_place`. Nothing runs in Python per allocation, and the log
+is never read into Python: the library tags each block it logs, answers a tensor's tag
+(:meth:`AllocatorLog.tag_of`), and replays the log to its peak itself, handing back only the
+blocks alive then (:meth:`AllocatorLog.live_at_peak`). It keeps the bytes alive at the peak by
+place as the log grows, and a test whose tensors no hook met (no module, no optimizer) reads
+those in place, with no call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from pytest_vram.backends.cpu.allocator import LOG_PLACES
 from pytest_vram.backends.tracker import listen_for_fixtures
 
 if TYPE_CHECKING:
@@ -25,85 +29,74 @@ __all__ = ["AllocatorLog"]
 
 class AllocatorLog:
     """What a :class:`~pytest_vram.backends.tracker.StorageTracker` offers a listener
-    (``add_listener``, ``remove_listener``, ``flush``, ``tag_of``), from ``counter``'s log."""
+    (``add_listener``, ``remove_listener``, ``flush``, ``tag_of``), from ``counter``'s log, and
+    the replay to the peak that a listener would otherwise make of the events it is told
+    (:meth:`peak_from_here`, :meth:`live_at_peak`)."""
 
     def __init__(self, counter: AllocatorCounter) -> None:
         self.counter = counter
         self.listeners: tuple[Any, ...] = ()
-        self._read = 0
-        # data pointer -> the tag of the block there now
-        self._tags: dict[int, int] = {}
-        self._last_tag = 0
         # Where the thread was, by code: a place is whatever the listener passed note_place.
-        self._places: list[Any] = [None]
+        # Code 0 is where nothing was noted, and -1 (the last) where a block counted before the
+        # log began was allocated: None, unknown, for both.
+        self._places: list[Any] = [None, None]
         self._codes: dict[Any, int] = {}
 
     def add_listener(self, listener: Any) -> None:
         if self.listeners:
             raise RuntimeError("the allocator counter's log has one listener at a time")
         self.listeners = (listener,)
-        self._read = 0
-        self._tags.clear()
         self.counter.where.value = 0
-        self.counter.log(True)
+        self.counter.start_log()
         listen_for_fixtures(self, True)
 
     def remove_listener(self, listener: Any) -> None:
-        self.counter.log(False)
+        self.counter.stop_log()
         self.listeners = ()
-        self._tags.clear()
         listen_for_fixtures(self, False)
 
     def note_place(self, place: Any) -> None:
         """From now on the thread's allocations are made at ``place`` (hashable)."""
         code = self._codes.get(place)
         if code is None:
-            code = self._codes[place] = len(self._places)
-            self._places.append(place)
+            code = self._codes[place] = len(self._places) - 1
+            self._places.insert(code, place)
         self.counter.where.value = code
 
     def making_fixture(self, started: bool) -> None:
-        self.flush()  # what was allocated before belongs before
         for listener in self.listeners:
             told = getattr(listener, "making_fixture", None)
             if told is not None:
                 told(started)
 
     def flush(self) -> None:
-        """Hand the events logged since the last flush to the listener, in order."""
-        if self.counter.logged == self._read or not self.listeners:
-            return
-        events = self.counter.read_log(self._read)
-        self._read += len(events) // 3
-        (listener,) = self.listeners
-        tags, places = self._tags, self._places
-        for index in range(0, len(events), 3):
-            data, size, where = events[index], events[index + 1], events[index + 2]
-            if size > 0:
-                self._last_tag += 1
-                tags[data] = self._last_tag
-                listener.allocated(self._last_tag, size, None, places[where])
-            else:
-                listener.freed(tags.pop(data, None), -size, None)
+        """Nothing waits to be handed over: the log stays in the library."""
+
+    def peak_from_here(self) -> None:
+        """Look for the peak from here on: what came before (a fixture made) is not the test's."""
+        self.counter.log_peak_from_here()
+
+    def live_at_peak(self, by_place: bool = False) -> Iterable[tuple[int | None, int, Any]]:
+        """The blocks alive at the log's peak: (tag, bytes, place) each. ``by_place``: the
+        caller needs no block's tag, only where each was allocated, and gets the bytes alive
+        by place (tag None), read without a call where there are few places."""
+        places = self._places
+        if by_place and len(places) <= LOG_PLACES + 1:  # the last place is code -1's
+            by_where = self.counter.log_peak_by_where(len(places) - 1)
+            # by_where stops before the last place, code -1's
+            pairs = zip(by_where, places, strict=False)
+            return [(None, size, place) for size, place in pairs if size]
+        blocks = self.counter.log_peak()
+        where = map(places.__getitem__, blocks[2::3])
+        return zip(blocks[0::3], blocks[1::3], where, strict=True)
 
     def tag_of(self, tensor: torch.Tensor) -> int | None:
         """The tag of the block that holds ``tensor``'s storage, when the counter counts it; a
-        block counted before the log began gets one now, and the listener learns of it as
-        allocated before."""
+        block counted before the log began gets one now, alive since the log began."""
         if not tensor.is_cpu:
             return None
         try:
             data = tensor.untyped_storage().data_ptr()
         except (NotImplementedError, RuntimeError):
             return None
-        self.flush()
-        tag = self._tags.get(data)
-        if tag is None:
-            size = self.counter.counted_bytes(data)
-            if not size:
-                return None
-            self._last_tag += 1
-            tag = self._tags[data] = self._last_tag
-            for listener in self.listeners:
-                listener.adopted(tag, size, None)
-        return tag
+        return self.counter.log_tag(data) or None
