@@ -197,3 +197,70 @@ def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
         group.stop()
     assert _sharding_prop._expand_single_dim_strategy_to_mesh is TORCH_EXPAND
     assert compared and all(count == 2 * len(widths) for count in compared)
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+def test_a_foreach_ops_outputs_are_found_once_for_each_kind_of_tensor_as_torch_finds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor._op_schema import OpSchema
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    name = "_propagate_tensor_meta_non_cached"
+    torch_meta = ShardingPropagator.__dict__[name]
+    backend = SimBackend()
+    group = SimulatedRanks(4, backend)
+    group.start()
+    backend.begin_test()
+    ours = ShardingPropagator.__dict__[name]
+    assert ours is not torch_meta
+    fake_runs = [0]
+    foreach_lengths: list[int] = []
+    torch_fake_args = OpSchema.gen_fake_args
+
+    def counted(self: Any) -> Any:
+        fake_runs[0] += 1
+        return torch_fake_args(self)
+
+    def both(self: Any, op_schema: Any) -> Any:
+        if not op_schema.op._schema.name.startswith("aten::_foreach_"):
+            return ours(self, op_schema)
+        before = fake_runs[0]
+        mine = ours(self, op_schema)
+        runs = fake_runs[0] - before
+        theirs = torch_meta(self, op_schema)
+        assert mine == theirs, op_schema.op
+        length = len(next(a for a in op_schema.args_schema if isinstance(a, (list, tuple))))
+        foreach_lengths.append(length)
+        assert runs < length  # each kind once: fewer fake runs than tensors
+        return mine
+
+    monkeypatch.setattr(OpSchema, "gen_fake_args", counted)
+    monkeypatch.setattr(ShardingPropagator, name, both)
+    try:
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+        # Strided weights, bias shards, and a narrower layer's; shapes no other test uses, since
+        # torch keeps what it propagated for the process.
+        widths = [40, 40, 40, 24]
+        model = torch.nn.Sequential(
+            *[torch.nn.Linear(40, width, device="cuda") for width in widths]
+        )
+        for layer in model:
+            parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        x = torch.ones(8, 40, device="cuda")
+        for layer in model[:-1]:
+            x = layer(x)
+        model[-1](x).sum().backward()
+        optimizer.step()
+    finally:
+        backend.end_test()
+        monkeypatch.undo()
+        group.stop()
+    assert ShardingPropagator.__dict__[name] is torch_meta
+    assert foreach_lengths and all(length == 2 * len(widths) for length in foreach_lengths)

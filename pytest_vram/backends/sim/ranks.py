@@ -295,6 +295,82 @@ def _foreach_each_kind_once(original: Callable[..., Any]) -> Callable[..., Any] 
     return expand
 
 
+def _foreach_kinds(op_schema: Any) -> tuple[list[Any], list[int]] | None:
+    """A foreach op's schema as one schema per kind of tensor in its lists, and each list
+    position's kind: positions whose tensors have the same shape, stride and dtype, with the
+    same scalars at that position, are one kind. None for any other op, or a foreach op whose
+    arguments are not lists of one length beside single values."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSchema
+
+    if not op_schema.op._schema.name.startswith("aten::_foreach_"):
+        return None
+    arguments = op_schema.args_schema
+    lists = [arg for arg in arguments if isinstance(arg, (list, tuple))]
+    if not lists or len({len(arg) for arg in lists}) != 1:
+        return None
+    if any(isinstance(value, (list, tuple)) for value in op_schema.kwargs_schema.values()):
+        return None
+    for arg in lists:
+        if not all(isinstance(item, (DTensorSpec, int, float, bool)) for item in arg):
+            return None
+
+    def item_key(item: Any) -> Any:
+        # What torch makes the fake tensor from: the global shape, stride and dtype.
+        return item.tensor_meta if isinstance(item, DTensorSpec) else (type(item), item)
+
+    kinds: dict[Any, int] = {}
+    first_of_kind: list[int] = []
+    kind_of: list[int] = []
+    try:
+        for index in range(len(lists[0])):
+            key = tuple(item_key(arg[index]) for arg in lists)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = len(first_of_kind)
+                first_of_kind.append(index)
+            kind_of.append(kind)
+    except TypeError:  # symbolic sizes do not hash
+        return None
+    schemas = [
+        OpSchema(
+            op_schema.op,
+            args_schema=tuple(
+                type(arg)(arg[index : index + 1]) if isinstance(arg, (list, tuple)) else arg
+                for arg in arguments
+            ),
+            kwargs_schema=op_schema.kwargs_schema,
+            schema_info=op_schema.schema_info,
+        )
+        for index in first_of_kind
+    ]
+    return schemas, kind_of
+
+
+def _foreach_meta_each_kind_once(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ShardingPropagator._propagate_tensor_meta_non_cached`` that runs a foreach op on fake
+    tensors once for each kind of tensor in its lists (see :func:`_foreach_kinds`) rather than
+    on all of them: a foreach op works on each position of its lists alone, so the outputs of
+    one kind are alike. Torch makes a fake tensor for each of an optimizer step's hundreds of
+    parameters, for each foreach op of the step; a sharded model's layers are alike."""
+
+    @functools.wraps(original)
+    def propagate(self: Any, op_schema: Any) -> Any:
+        split = _foreach_kinds(op_schema)
+        if split is None:
+            return original(self, op_schema)
+        schemas, kind_of = split
+        metas = [original(self, schema) for schema in schemas]
+        if all(meta is None for meta in metas):  # an in-place foreach op returns nothing
+            return None
+        if not all(isinstance(meta, (list, tuple)) and len(meta) == 1 for meta in metas):
+            return original(self, op_schema)
+        outputs = [metas[kind][0] for kind in kind_of]
+        return tuple(outputs) if isinstance(metas[0], tuple) else outputs
+
+    return propagate
+
+
 class SimulatedRanks:
     """Rank 0 of a fake process group of ``world_size`` ranks, around one test on the sim."""
 
@@ -339,7 +415,8 @@ class SimulatedRanks:
         name = "_propagate_tensor_meta_non_cached"
         original = ShardingPropagator.__dict__.get(name)
         if original is not None:
-            patches.shadow(ShardingPropagator, name, self._uncounted(original))
+            meta = _foreach_meta_each_kind_once(original)
+            patches.shadow(ShardingPropagator, name, self._uncounted(meta))
         from torch.distributed.tensor import _sharding_prop
 
         flag = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
