@@ -96,6 +96,29 @@ def test_a_foreach_op_reads_its_argument_specs_once_under_simulated_ranks() -> N
     assert _sharding_prop._propagate_use_strided_shard_flag is ORIGINAL
 
 
+def _step_over_strided_shards(features: int, widths: list[int]) -> None:
+    """A training step of Linear layers of ``widths`` (from ``features`` inputs), column-wise
+    over a mesh's tp and FSDP over its dp, with foreach AdamW, under simulated ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = torch.nn.Sequential(
+        *[torch.nn.Linear(features, width, device="cuda") for width in widths]
+    )
+    for layer in model:
+        parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    x = torch.ones(8, features, device="cuda")
+    for layer in model[:-1]:
+        x = layer(x)
+    model[-1](x).sum().backward()
+    optimizer.step()
+
+
 # The layers return views of their gathered outputs; nothing here writes to them in place.
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
 def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated_ranks() -> None:
@@ -131,11 +154,8 @@ def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated
 def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor._op_schema import TupleStrategy
     from torch.distributed.tensor._ops import utils
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     backend = SimBackend()
     group = SimulatedRanks(4, backend)
@@ -175,22 +195,9 @@ def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
     monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
     monkeypatch.setattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", both)
     try:
-        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
         # Three kinds of parameter: strided weights, plain bias shards, and a narrower layer's.
         widths = [64, 64, 64, 32]
-        model = torch.nn.Sequential(
-            *[torch.nn.Linear(64, width, device="cuda") for width in widths]
-        )
-        for layer in model:
-            parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-        x = torch.ones(8, 64, device="cuda")
-        for layer in model[:-1]:
-            x = layer(x)
-        model[-1](x).sum().backward()
-        optimizer.step()
+        _step_over_strided_shards(64, widths)
     finally:
         backend.end_test()
         monkeypatch.undo()
@@ -203,11 +210,8 @@ def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
 def test_a_foreach_ops_outputs_are_found_once_for_each_kind_of_tensor_as_torch_finds_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor._op_schema import OpSchema
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     name = "_propagate_tensor_meta_non_cached"
     torch_meta = ShardingPropagator.__dict__[name]
@@ -241,23 +245,9 @@ def test_a_foreach_ops_outputs_are_found_once_for_each_kind_of_tensor_as_torch_f
     monkeypatch.setattr(OpSchema, "gen_fake_args", counted)
     monkeypatch.setattr(ShardingPropagator, name, both)
     try:
-        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
-        # Strided weights, bias shards, and a narrower layer's; shapes no other test uses, since
-        # torch keeps what it propagated for the process.
+        # Shapes no other test uses, since torch keeps what it propagated for the process.
         widths = [40, 40, 40, 24]
-        model = torch.nn.Sequential(
-            *[torch.nn.Linear(40, width, device="cuda") for width in widths]
-        )
-        for layer in model:
-            parallelize_module(layer, mesh["tp"], ColwiseParallel(output_layouts=Replicate()))
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-        x = torch.ones(8, 40, device="cuda")
-        for layer in model[:-1]:
-            x = layer(x)
-        model[-1](x).sum().backward()
-        optimizer.step()
+        _step_over_strided_shards(40, widths)
     finally:
         backend.end_test()
         monkeypatch.undo()
