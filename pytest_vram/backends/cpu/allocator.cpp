@@ -935,7 +935,7 @@ void pytest_vram_log_peak_blocks(void* handle, int64_t* out, int64_t capacity) {
 // first such event; before peak_from when none is higher: the peak peak_by_where is of), and
 // writes the blocks alive then as
 // (tag, bytes, where) triples where pytest_vram_log_peak_blocks said, as many as fit; an adopted
-// block's where is -1. Returns how many blocks were alive, which may be more than it wrote.
+// block's where is 0, as for one allocated where nothing was noted. Returns how many blocks were alive, which may be more than it wrote.
 // One argument, no more: what a call from Python costs is mostly converting its arguments.
 int64_t pytest_vram_log_peak(void* handle) {
   auto* counter = static_cast<Counter*>(handle);
@@ -972,7 +972,7 @@ int64_t pytest_vram_log_peak(void* handle) {
   };
   for (const Adopted& block : counter->adopted) {
     if (block.freed == 0 || block.freed > end) {
-      write(block.tag, block.bytes, -1);
+      write(block.tag, block.bytes, 0);
     }
   }
   for (int64_t i = 0; i < end; ++i) {

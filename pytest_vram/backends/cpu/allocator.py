@@ -208,7 +208,7 @@ class AllocatorCounter(_ReadInPlace):
 
     def log_peak(self) -> list[int]:
         """The blocks alive at the log's peak, flat: the tag, bytes and where code of each;
-        where is -1 for a block counted before the log began."""
+        where is 0 (unknown) for a block counted before the log began."""
         count = self._library.pytest_vram_log_peak(self._handle)
         if count > self._capacity:
             self._peak_blocks(count)

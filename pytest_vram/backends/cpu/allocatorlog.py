@@ -37,9 +37,9 @@ class AllocatorLog:
         self.counter = counter
         self.listeners: tuple[Any, ...] = ()
         # Where the thread was, by code: a place is whatever the listener passed note_place.
-        # Code 0 is where nothing was noted, and -1 (the last) where a block counted before the
-        # log began was allocated: None, unknown, for both.
-        self._places: list[Any] = [None, None]
+        # Code 0 is where nothing was noted, and where a block counted before the log began
+        # was allocated: None, unknown.
+        self._places: list[Any] = [None]
         self._codes: dict[Any, int] = {}
 
     def add_listener(self, listener: Any) -> None:
@@ -59,8 +59,8 @@ class AllocatorLog:
         """From now on the thread's allocations are made at ``place`` (hashable)."""
         code = self._codes.get(place)
         if code is None:
-            code = self._codes[place] = len(self._places) - 1
-            self._places.insert(code, place)
+            code = self._codes[place] = len(self._places)
+            self._places.append(place)
         self.counter.where.value = code
 
     def making_fixture(self, started: bool) -> None:
@@ -81,10 +81,9 @@ class AllocatorLog:
         caller needs no block's tag, only where each was allocated, and gets the bytes alive
         by place (tag None), read without a call where there are few places."""
         places = self._places
-        if by_place and len(places) <= LOG_PLACES + 1:  # the last place is code -1's
-            by_where = self.counter.log_peak_by_where(len(places) - 1)
-            # by_where stops before the last place, code -1's
-            pairs = zip(by_where, places, strict=False)
+        if by_place and len(places) <= LOG_PLACES:
+            by_where = self.counter.log_peak_by_where(len(places))
+            pairs = zip(by_where, places, strict=True)
             return [(None, size, place) for size, place in pairs if size]
         blocks = self.counter.log_peak()
         where = map(places.__getitem__, blocks[2::3])
