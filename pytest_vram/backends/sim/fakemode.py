@@ -13,8 +13,9 @@ import sys
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch._prims_common import suggest_memory_format
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from pytest_vram.backends.gradsums import (
@@ -136,6 +137,8 @@ class SimFakeTensorMode(FakeTensorMode):
         self._depth = 0
         #: What is known of the fake tensors' values without computing them.
         self.known = KnownValues()
+        #: How a cached op's output is made here without FakeTensor's constructor.
+        self.fresh_fakes = FreshFakes(self)
 
     def _prep_args_for_hash(
         self, result: list[object], args: Any, state: Any, id_hashed_objects: list[object]
@@ -199,6 +202,47 @@ class SimFakeTensorMode(FakeTensorMode):
                 # Symbolic sizes, other modes' or constant fakes, real tensors, callables.
                 super()._prep_args_for_hash(result, iter((arg,)), state, id_hashed_objects)
 
+    def _get_output_tensor_from_cache_entry(
+        self, state: Any, entry: Any, key: Any, func: Any, args: Any
+    ) -> Any:
+        """A cached op's output, made as FakeTensorMode makes it, without its general
+        constructor: for a plain output (concrete sizes, strided, neither conjugate nor
+        negative), a meta tensor of the cached shape, on the storage of the input it views for a
+        view op, wrapped as a fake tensor of the cached device with the attributes every new
+        fake tensor of this mode starts with. Anything else is left to FakeTensorMode.
+
+        Making outputs from the cache was a fifth of a simulated training step, most of it in
+        ``FakeTensor.__new__``'s checks of arguments that are the same for every output.
+        """
+        metadata = entry.metadata
+        if (
+            metadata is None
+            or entry.inplace_idx is not None
+            or self.shape_env is not None
+            or metadata.layout is not _STRIDED
+            or metadata.is_conj
+            or metadata.is_neg
+            or not isinstance(func, OpOverload)
+        ):
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        device = self.fresh_fakes[metadata.device]
+        if device is None:
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        viewed = args[entry.view_idx] if func.is_view else None
+        if viewed is not None and type(viewed) is not FakeTensor:
+            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+        with _NO_DISPATCH():
+            empty = torch.empty_strided(
+                metadata.shape, metadata.stride, dtype=metadata.dtype, device=_META,
+                requires_grad=metadata.requires_grad,
+            )  # fmt: skip
+            if viewed is not None:
+                empty.set_(
+                    viewed.untyped_storage(), metadata.storage_offset, metadata.shape,
+                    metadata.stride,
+                )  # fmt: skip
+        return self.fresh_fakes.make(empty, device)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> SimFakeTensorMode:
         # copy.deepcopy(model) copies each fake tensor's __dict__, its mode included; there is
         # one simulated device, and the copies belong to it.
@@ -236,6 +280,89 @@ class SimFakeTensorMode(FakeTensorMode):
                 self._observe_output(func, out)
             self.known.after(func, args, kwargs or {}, out)
         return out
+
+
+_META = torch.device("meta")
+_NO_DISPATCH = torch._C._DisableTorchDispatch
+_make_subclass = torch.Tensor._make_subclass
+_throw_on_data_ptr = getattr(torch._C, "_set_throw_on_mutable_data_ptr", None)
+_warn_on_data_ptr = getattr(torch._C, "_set_warn_deprecated_on_mutable_data_ptr", None)
+
+
+class FreshFakes(dict):
+    """How a mode makes the fake tensors of cached outputs without FakeTensor's constructor,
+    where that makes the same tensor: the attributes a new fake tensor starts with, and, for
+    each device an output is made on, the device itself where the constructor keeps it as it
+    is (the host, a device with an index, meta where the mode allows it) and None where it would
+    change or refuse it.
+
+    Whether it makes the same tensor is checked once, on the mode's first fake tensor; where
+    this torch's constructor differs, every device maps to None and the constructor runs.
+    """
+
+    def __init__(self, mode: FakeTensorMode) -> None:
+        super().__init__()
+        self._mode = mode
+        #: What FakeTensor's constructor sets besides the device and mode (no constant, no real
+        #: tensor, empty memos), or None where it does not make what :meth:`make` makes.
+        self.state = _fresh_state(mode)
+
+    def __missing__(self, device: torch.device) -> torch.device | None:
+        if device.type == "meta":
+            plain = self._mode.allow_meta  # shapes only, as a model built on meta is sharded
+        else:
+            plain = device.type == "cpu" or device.index is not None
+        plain = plain and self.state is not None
+        # Normalising a GPU device also readies the GPU context that backward needs.
+        kept = device if plain and FakeTensor._normalize_fake_device(device) == device else None
+        self[device] = kept
+        return kept
+
+    def make(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
+        """``FakeTensor(mode, meta, device)`` for a device this table keeps: the subclass, its
+        data pointer guarded as the mode guards it, then a new fake tensor's attributes."""
+        mode = self._mode
+        fake = _make_subclass(
+            FakeTensor, meta, meta.requires_grad, dispatch_device=True,
+            device_for_backend_keys=device,
+        )  # fmt: skip
+        if mode._allow_unsafe_data_ptr_access:
+            _warn_on_data_ptr(fake)
+        else:
+            _throw_on_data_ptr(fake)
+        fake.__dict__.update(self.state, _fake_device=device, fake_mode=mode)
+        return fake
+
+
+def _fresh_state(mode: FakeTensorMode) -> dict[str, Any] | None:
+    """The attributes FakeTensor's constructor gives a new fake tensor of ``mode`` besides its
+    device and mode, where :meth:`FreshFakes.make` with them makes the same fake tensor: the
+    same type, attributes, dispatch keys and flags; None where it does not."""
+    if getattr(FakeTensorConfig, "debug", True) or not (_throw_on_data_ptr and _warn_on_data_ptr):
+        return None
+    fresh = FreshFakes.__new__(FreshFakes)
+    fresh._mode = mode
+    try:
+        device = torch.device("cpu")
+        meta = torch.empty_strided((2, 3), (3, 1), device=_META, requires_grad=True)
+        made = FakeTensor(mode, meta, device)
+        fresh.state = {
+            name: value
+            for name, value in made.__dict__.items()
+            if name not in ("_fake_device", "fake_mode")
+        }
+        made_here = fresh.make(meta, device)
+    except Exception:  # any difference in this torch: its own constructor runs
+        return None
+    same = (
+        type(made_here) is type(made)
+        and made_here.__dict__ == made.__dict__
+        and all(value is None for value in fresh.state.values())
+        and torch._C._dispatch_keys(made_here) == torch._C._dispatch_keys(made)
+        and made_here.requires_grad == made.requires_grad
+        and made_here.fake_device == made.fake_device
+    )
+    return fresh.state if same else None
 
 
 def _writes_the_key_as_torch_does() -> bool:
