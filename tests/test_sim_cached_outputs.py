@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
 
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.backends.sim.fakemode import FreshFakes, SimFakeTensorMode
@@ -198,3 +198,28 @@ def test_a_meta_output_is_the_one_the_constructor_makes() -> None:
         theirs = [described(out, made) for out in (made["m"] * 2, made["w"].t())]
     assert here == theirs
     assert here[0]["device"] == torch.device("meta")
+
+
+def test_an_unsafe_view_is_a_view_below_autograd_and_not_above_it() -> None:
+    """``_unsafe_view`` (a matmul's output reshaped) runs as ``view``, whose outputs the cache
+    knows: the same tensor as FakeTensorMode's own, on the input's storage; autograd, above,
+    still sees no view."""
+
+    def made(mode: FakeTensorMode) -> tuple[dict[str, Any], dict[str, Any]]:
+        with mode:
+            inputs = {"a": torch.empty(4, 6, 8, requires_grad=True), "b": torch.empty(8, 5)}
+            flat = torch.ops.aten._unsafe_view(inputs["a"].detach(), [24, 8])
+            product = inputs["a"] @ inputs["b"]  # reshaped with _unsafe_view inside matmul
+            seen = {"flat": flat, "product": product}
+            return (
+                {name: described(t, {**inputs, **seen}) for name, t in seen.items()},
+                {"product's base": product._base, "grad_fn": type(product.grad_fn).__name__},
+            )
+
+    ours, ours_above = made(sim_mode())
+    theirs, theirs_above = made(FakeTensorMode(allow_non_fake_inputs=True))
+    for figures in (*ours.values(), *theirs.values()):
+        del figures["attributes"]  # the modes differ, and so their tensors' fake_mode
+    assert ours == theirs
+    assert ours["flat"]["shares storage with"] == ["a", "flat"]  # a view of a below autograd
+    assert ours_above == theirs_above == {"product's base": None, "grad_fn": "UnsafeViewBackward0"}

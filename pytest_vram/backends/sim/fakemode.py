@@ -23,6 +23,8 @@ from pytest_vram.backends.gradsums import (
     accumulates_in_place,
     scattered_in_place,
 )
+from pytest_vram.backends.sim import foreach
+from pytest_vram.backends.sim.foreach import is_foreach
 from pytest_vram.backends.sim.known import KnownValues
 from pytest_vram.backends.tracker import StorageTracker
 
@@ -30,6 +32,8 @@ __all__ = ["SimFakeTensorMode", "on_device"]
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+_VIEW = torch.ops.aten.view.default
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
 _DEVICE = torch.ops.prim.device.default
@@ -243,6 +247,15 @@ class SimFakeTensorMode(FakeTensorMode):
                 )  # fmt: skip
         return self.fresh_fakes.make(empty, device)
 
+    def _new_like(self, fake: FakeTensor) -> FakeTensor:
+        """A new fake tensor of ``fake``'s shape, stride, dtype and device, on its own storage."""
+        with _NO_DISPATCH():
+            meta = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=_META)
+        device = self.fresh_fakes[fake.fake_device]
+        if device is None:
+            return FakeTensor(self, meta, fake.fake_device)
+        return self.fresh_fakes.make(meta, device)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> SimFakeTensorMode:
         # copy.deepcopy(model) copies each fake tensor's __dict__, its mode included; there is
         # one simulated device, and the copies belong to it.
@@ -270,6 +283,15 @@ class SimFakeTensorMode(FakeTensorMode):
         try:
             if func is _GROUPED_MM:
                 out = _grouped_mm(self, func, types, args, kwargs or {})
+            elif is_foreach(func):
+                out = foreach.by_kind(
+                    self, self.dispatch, self._new_like, func, types, args, kwargs or {}
+                )
+            elif func is _UNSAFE_VIEW:
+                # A view that autograd does not track as one (a matmul's output reshaped):
+                # below autograd it is ``view``, whose outputs the dispatch cache knows, where
+                # FakeTensorMode runs ``_unsafe_view`` anew each time.
+                out = self.dispatch(_VIEW, types, args, kwargs)
             else:
                 out = self.dispatch(func, types, args, kwargs)
         finally:
