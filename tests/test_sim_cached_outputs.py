@@ -223,3 +223,40 @@ def test_an_unsafe_view_is_a_view_below_autograd_and_not_above_it() -> None:
     assert ours == theirs
     assert ours["flat"]["shares storage with"] == ["a", "flat"]  # a view of a below autograd
     assert ours_above == theirs_above == {"product's base": None, "grad_fn": "UnsafeViewBackward0"}
+
+
+VALUES = {
+    "a float": lambda: torch.tensor(0.0),
+    "an int": lambda: torch.tensor(3),
+    "a float64 in a list": lambda: torch.tensor([1.5], dtype=torch.float64),
+    "a bool": lambda: torch.tensor(True),
+    "two values (no constant)": lambda: torch.tensor([1.0, 2.0]),
+}
+
+
+@pytest.mark.parametrize("make", VALUES.values(), ids=VALUES.keys())
+def test_a_small_host_tensor_is_the_constant_fake_tensor_mode_makes(make: Callable) -> None:
+    """``torch.tensor(...)`` (an optimizer's step counter) lifted into the simulation: the same
+    fake tensor as FakeTensorMode's own, its constant a copy of the value; an op that writes
+    the constant in place returns that same fake tensor."""
+
+    def lifted(mode: FakeTensorMode) -> dict[str, Any]:
+        with mode:
+            value = make()
+            figures = described(value, {"value": value})
+            del figures["attributes"]
+            constant = value.constant
+            figures["constant"] = None if constant is None else (constant.tolist(), constant.dtype)
+            if constant is not None:
+                # What FakeTensorMode makes of the constant, as an op on it returns it, is this.
+                converter = mode.fake_tensor_converter
+                figures["its fake"] = converter.from_real_tensor(mode, constant) is value
+                figures["in place returns it"] = value.zero_() is value
+                figures["after"] = value.constant.tolist()
+            figures["attribute names"] = sorted(value.__dict__)
+            return figures
+
+    ours = lifted(sim_mode())
+    theirs = lifted(FakeTensorMode(allow_non_fake_inputs=True))
+    ours["attribute names"].remove("_pytest_vram_known")  # the sim's known values
+    assert ours == theirs
