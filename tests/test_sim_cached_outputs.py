@@ -260,3 +260,19 @@ def test_a_small_host_tensor_is_the_constant_fake_tensor_mode_makes(make: Callab
     theirs = lifted(FakeTensorMode(allow_non_fake_inputs=True))
     ours["attribute names"].remove("_pytest_vram_known")  # the sim's known values
     assert ours == theirs
+
+
+def test_outputs_are_made_here_only_where_torch_reads_cache_entries_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_vram.backends.sim import fakemode
+
+    assert fakemode._reads_cache_entries_as_torch_does()  # the torch CI installs
+
+    def older(self, state, entry, key, func, args, kwargs):  # another signature
+        return None
+
+    monkeypatch.setattr(FakeTensorMode, "_get_output_tensor_from_cache_entry", older)
+    assert not fakemode._reads_cache_entries_as_torch_does()
+    monkeypatch.delattr(FakeTensorMode, "_get_output_tensor_from_cache_entry")
+    assert not fakemode._reads_cache_entries_as_torch_does()  # a torch without the method

@@ -271,7 +271,8 @@ class SimFakeTensorMode(FakeTensorMode):
         ):
             return None
         device = self.fresh_fakes[real.device]
-        if device is None:
+        remember = getattr(self.fake_tensor_converter, "set_tensor_memo", None)
+        if device is None or remember is None:
             return None
         with no_dispatch():
             constant = real.clone()
@@ -280,7 +281,7 @@ class SimFakeTensorMode(FakeTensorMode):
             )
         fake = self.fresh_fakes.make(meta, device)
         fake.constant = constant
-        self.fake_tensor_converter.set_tensor_memo(constant, fake)
+        remember(constant, fake)
         return fake
 
     def _new_like(self, fake: FakeTensor) -> FakeTensor:
@@ -450,3 +451,30 @@ def _writes_the_key_as_torch_does() -> bool:
 
 if not _writes_the_key_as_torch_does():
     del SimFakeTensorMode._prep_args_for_hash
+
+
+def _reads_cache_entries_as_torch_does() -> bool:
+    """Whether this torch makes a cached op's output where
+    :meth:`SimFakeTensorMode._get_output_tensor_from_cache_entry` takes over: the same method
+    signature, and the same fields of an output's cache entry (torch 2.13's). Elsewhere
+    torch's own method runs."""
+    import dataclasses
+    import inspect
+
+    from torch._subclasses import fake_tensor
+
+    try:
+        method = FakeTensorMode._get_output_tensor_from_cache_entry
+        parameters = list(inspect.signature(method).parameters)
+        fields = {
+            field.name for field in dataclasses.fields(fake_tensor._DispatchCacheEntryOutputInfo)
+        }
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return parameters == ["self", "state", "entry", "key", "func", "args"] and fields == {
+        "inplace_idx", "metadata", "view_idx", "constant_value",
+    }  # fmt: skip
+
+
+if not _reads_cache_entries_as_torch_does():
+    del SimFakeTensorMode._get_output_tensor_from_cache_entry
