@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["by_kind", "is_foreach"]
+__all__ = ["by_kind", "is_foreach", "kinds"]
 
 _STRIDED = torch.strided
 _SCALARS = (int, float, bool)
