@@ -127,7 +127,10 @@ class SimFakeTensorMode(FakeTensorMode):
     runs inside them (decompositions), just as a mode stacked above would see them.
 
     The dispatch cache's key is made as FakeTensorMode makes it, item for item, only faster
-    for the arguments nearly every op has (see :meth:`_prep_args_for_hash`).
+    for the arguments nearly every op has (see :meth:`_prep_args_for_hash`). So are a cached
+    op's output (:meth:`_get_output_tensor_from_cache_entry`), a foreach op's
+    (:mod:`~pytest_vram.backends.sim.foreach`), ``_unsafe_view``'s and a lifted one-element
+    host tensor (:meth:`_lift_constant`), each checked against what torch makes.
     """
 
     # Like the storage tracker's mode, this one opts out of the wrapper torch puts around every
@@ -300,7 +303,8 @@ class SimFakeTensorMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is _DEVICE and _device_of is not None:
-            # A third of all ops: a fake tensor's device, answered as FakeTensorMode answers it.
+            # Three ops in five: a fake tensor's device, asked from C++, answered as
+            # FakeTensorMode answers it.
             return _device_of(args)
         if func is _LOCAL_SCALAR:
             # .item(), bool(t): a value known without computing is the value a real run reads.
@@ -338,7 +342,7 @@ class SimFakeTensorMode(FakeTensorMode):
         finally:
             self._depth -= 1
         if self._depth == 0:
-            # Queries such as prim.device, a third of the ops, return no tensor: skip them cheaply.
+            # Queries return no tensor: skip them cheaply.
             if isinstance(out, (torch.Tensor, tuple, list)):
                 self._observe_output(func, out)
             self.known.after(func, args, kwargs or {}, out)
