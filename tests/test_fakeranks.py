@@ -7,9 +7,7 @@ pytest through pytester.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,30 +20,16 @@ from torch.distributed.fsdp import fully_shard
 
 from pytest_vram import vram_world_size
 from pytest_vram.backends.sim.backend import SimBackend
-from pytest_vram.backends.sim.ranks import SimulatedRanks, skip_reason
+from pytest_vram.backends.sim.ranks import skip_reason
 from pytest_vram.estimate import estimate
 from pytest_vram.marks import MARKER_HELP, MarkerError, read_marks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 from gpt import GPT, GPTConfig, parameter_count
+from simulated_ranks import ranks
 
 MiB = 1 << 20
 HIDDEN = 1024
-
-
-@contextlib.contextmanager
-def ranks(world_size: int) -> Iterator[SimBackend]:
-    """One test on the simulated device as rank 0 of ``world_size``, as the plugin runs it:
-    the group first, then the fake mode; the fake mode ends first, then the group."""
-    backend = SimBackend()
-    group = SimulatedRanks(world_size, backend)
-    group.start()
-    backend.begin_test()
-    try:
-        yield backend
-    finally:
-        backend.end_test()
-        group.stop()
 
 
 def linears(count: int = 4, width: int = HIDDEN) -> nn.Sequential:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from simulated_ranks import ranks
 from torch.distributed.tensor import _sharding_prop
 from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
@@ -126,11 +127,7 @@ def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    backend = SimBackend()
-    group = SimulatedRanks(4, backend)
-    group.start()
-    backend.begin_test()
-    try:
+    with ranks(4):
         mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
         model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, device="cuda") for _ in range(4)])
         for layer in model:
@@ -145,9 +142,6 @@ def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated
         moments = optimizer.state[model[0].weight]["exp_avg"]
         assert moments.placements == model[0].weight.placements
         assert moments.to_local().shape == model[0].weight.to_local().shape == (16, 64)
-    finally:
-        backend.end_test()
-        group.stop()
 
 
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
@@ -157,51 +151,45 @@ def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
     from torch.distributed.tensor._op_schema import TupleStrategy
     from torch.distributed.tensor._ops import utils
 
-    backend = SimBackend()
-    group = SimulatedRanks(4, backend)
-    group.start()
-    backend.begin_test()
-    ours = _sharding_prop._expand_single_dim_strategy_to_mesh
-    assert ours is not TORCH_EXPAND
-    expansions = [0]
-    compared: list[int] = []
-    torch_full_mesh = utils.expand_to_full_mesh_op_strategy
+    with ranks(4, monkeypatch):
+        ours = _sharding_prop._expand_single_dim_strategy_to_mesh
+        assert ours is not TORCH_EXPAND
+        expansions = [0]
+        compared: list[int] = []
+        torch_full_mesh = utils.expand_to_full_mesh_op_strategy
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        expansions[0] += 1
-        return torch_full_mesh(*args, **kwargs)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            expansions[0] += 1
+            return torch_full_mesh(*args, **kwargs)
 
-    def both(mesh: Any, op_schema: Any, info: Any, meta: Any) -> Any:
-        mine = ours(mesh, op_schema, info, meta)
-        if not any(isinstance(arg, TupleStrategy) for arg in op_schema.args_schema):
-            return mine
+        def both(mesh: Any, op_schema: Any, info: Any, meta: Any) -> Any:
+            mine = ours(mesh, op_schema, info, meta)
+            if not any(isinstance(arg, TupleStrategy) for arg in op_schema.args_schema):
+                return mine
 
-        def checked(op: Any, args: Any, kwargs: Any) -> Any:
-            before = expansions[0]
-            strategy = mine(op, args, kwargs)
-            compared.append(len(strategy.children))
-            assert expansions[0] - before < len(strategy.children)
-            theirs = TORCH_EXPAND(mesh, op_schema, info, meta)(op, args, kwargs)
-            assert isinstance(strategy, TupleStrategy)
-            assert strategy == theirs  # child for child: every OpSpec's input and output specs
-            costs = [[s.redistribute_cost for s in child.strategies] for child in strategy.children]
-            assert costs == [
-                [s.redistribute_cost for s in child.strategies] for child in theirs.children
-            ]
-            return strategy
+            def checked(op: Any, args: Any, kwargs: Any) -> Any:
+                before = expansions[0]
+                strategy = mine(op, args, kwargs)
+                compared.append(len(strategy.children))
+                assert expansions[0] - before < len(strategy.children)
+                theirs = TORCH_EXPAND(mesh, op_schema, info, meta)(op, args, kwargs)
+                assert isinstance(strategy, TupleStrategy)
+                assert strategy == theirs  # child for child: every OpSpec's input and output specs
+                costs = [
+                    [s.redistribute_cost for s in child.strategies] for child in strategy.children
+                ]
+                assert costs == [
+                    [s.redistribute_cost for s in child.strategies] for child in theirs.children
+                ]
+                return strategy
 
-        return checked
+            return checked
 
-    monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
-    monkeypatch.setattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", both)
-    try:
+        monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
+        monkeypatch.setattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", both)
         # Three kinds of parameter: strided weights, plain bias shards, and a narrower layer's.
         widths = [64, 64, 64, 32]
         _step_over_strided_shards(64, widths)
-    finally:
-        backend.end_test()
-        monkeypatch.undo()
-        group.stop()
     assert _sharding_prop._expand_single_dim_strategy_to_mesh is TORCH_EXPAND
     assert compared and all(count == 2 * len(widths) for count in compared)
 
@@ -215,42 +203,34 @@ def test_a_foreach_ops_outputs_are_found_once_for_each_kind_of_tensor_as_torch_f
 
     name = "_propagate_tensor_meta_non_cached"
     torch_meta = ShardingPropagator.__dict__[name]
-    backend = SimBackend()
-    group = SimulatedRanks(4, backend)
-    group.start()
-    backend.begin_test()
-    ours = ShardingPropagator.__dict__[name]
-    assert ours is not torch_meta
-    fake_runs = [0]
-    foreach_lengths: list[int] = []
-    torch_fake_args = OpSchema.gen_fake_args
+    with ranks(4, monkeypatch):
+        ours = ShardingPropagator.__dict__[name]
+        assert ours is not torch_meta
+        fake_runs = [0]
+        foreach_lengths: list[int] = []
+        torch_fake_args = OpSchema.gen_fake_args
 
-    def counted(self: Any) -> Any:
-        fake_runs[0] += 1
-        return torch_fake_args(self)
+        def counted(self: Any) -> Any:
+            fake_runs[0] += 1
+            return torch_fake_args(self)
 
-    def both(self: Any, op_schema: Any) -> Any:
-        if not op_schema.op._schema.name.startswith("aten::_foreach_"):
-            return ours(self, op_schema)
-        before = fake_runs[0]
-        mine = ours(self, op_schema)
-        runs = fake_runs[0] - before
-        theirs = torch_meta(self, op_schema)
-        assert mine == theirs, op_schema.op
-        length = len(next(a for a in op_schema.args_schema if isinstance(a, (list, tuple))))
-        foreach_lengths.append(length)
-        assert runs < length  # each kind once: fewer fake runs than tensors
-        return mine
+        def both(self: Any, op_schema: Any) -> Any:
+            if not op_schema.op._schema.name.startswith("aten::_foreach_"):
+                return ours(self, op_schema)
+            before = fake_runs[0]
+            mine = ours(self, op_schema)
+            runs = fake_runs[0] - before
+            theirs = torch_meta(self, op_schema)
+            assert mine == theirs, op_schema.op
+            length = len(next(a for a in op_schema.args_schema if isinstance(a, (list, tuple))))
+            foreach_lengths.append(length)
+            assert runs < length  # each kind once: fewer fake runs than tensors
+            return mine
 
-    monkeypatch.setattr(OpSchema, "gen_fake_args", counted)
-    monkeypatch.setattr(ShardingPropagator, name, both)
-    try:
+        monkeypatch.setattr(OpSchema, "gen_fake_args", counted)
+        monkeypatch.setattr(ShardingPropagator, name, both)
         # Shapes no other test uses, since torch keeps what it propagated for the process.
         widths = [40, 40, 40, 24]
         _step_over_strided_shards(40, widths)
-    finally:
-        backend.end_test()
-        monkeypatch.undo()
-        group.stop()
     assert ShardingPropagator.__dict__[name] is torch_meta
     assert foreach_lengths and all(length == 2 * len(widths) for length in foreach_lengths)
