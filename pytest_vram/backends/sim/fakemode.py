@@ -324,19 +324,19 @@ class SimFakeTensorMode(FakeTensorMode):
         try:
             if func is _GROUPED_MM:
                 out = _grouped_mm(self, func, types, args, kwargs or {})
-            elif is_foreach(func):
-                out = foreach.by_kind(
-                    self, self.dispatch, self._new_like, func, types, args, kwargs or {}
-                )
-            elif func is _LIFT_FRESH:
-                out = self._lift_constant(args, kwargs)
-                if out is None:
-                    out = self.dispatch(func, types, args, kwargs)
             elif func is _UNSAFE_VIEW:
                 # A view that autograd does not track as one (a matmul's output reshaped):
                 # below autograd it is ``view``, whose outputs the dispatch cache knows, where
                 # FakeTensorMode runs ``_unsafe_view`` anew each time.
                 out = self.dispatch(_VIEW, types, args, kwargs)
+            elif func is _LIFT_FRESH:
+                out = self._lift_constant(args, kwargs)
+                if out is None:
+                    out = self.dispatch(func, types, args, kwargs)
+            elif is_foreach(func):
+                out = foreach.by_kind(
+                    self, self.dispatch, self._new_like, func, types, args, kwargs or {}
+                )
             else:
                 out = self.dispatch(func, types, args, kwargs)
         finally:
@@ -386,50 +386,53 @@ class FreshFakes(dict):
         return kept
 
     def make(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
-        """``FakeTensor(mode, meta, device)`` for a device this table keeps: the subclass, its
-        data pointer guarded as the mode guards it, then a new fake tensor's attributes."""
-        mode = self._mode
-        fake = _make_subclass(
-            FakeTensor, meta, meta.requires_grad, dispatch_device=True,
-            device_for_backend_keys=device,
-        )  # fmt: skip
-        if mode._allow_unsafe_data_ptr_access:
-            _warn_on_data_ptr(fake)
-        else:
-            _throw_on_data_ptr(fake)
-        fake.__dict__.update(self.state, _fake_device=device, fake_mode=mode)
-        return fake
+        """``FakeTensor(mode, meta, device)`` for a device this table keeps."""
+        return _fake(self._mode, self.state, meta, device)
+
+
+def _fake(
+    mode: FakeTensorMode, state: dict[str, Any], meta: torch.Tensor, device: torch.device
+) -> FakeTensor:
+    """A fake tensor of ``mode`` made without FakeTensor's constructor: the subclass, its data
+    pointer guarded as the mode guards it, then ``state``, the attributes a new one has."""
+    fake = _make_subclass(
+        FakeTensor, meta, meta.requires_grad, dispatch_device=True, device_for_backend_keys=device
+    )
+    if mode._allow_unsafe_data_ptr_access:
+        _warn_on_data_ptr(fake)
+    else:
+        _throw_on_data_ptr(fake)
+    fake.__dict__.update(state, _fake_device=device, fake_mode=mode)
+    return fake
 
 
 def _fresh_state(mode: FakeTensorMode) -> dict[str, Any] | None:
     """The attributes FakeTensor's constructor gives a new fake tensor of ``mode`` besides its
-    device and mode, where :meth:`FreshFakes.make` with them makes the same fake tensor: the
-    same type, attributes, dispatch keys and flags; None where it does not."""
+    device and mode, where :func:`_fake` with them makes the same fake tensor: the same type,
+    attributes, dispatch keys and flags; None where it does not."""
     if getattr(FakeTensorConfig, "debug", True) or not (_throw_on_data_ptr and _warn_on_data_ptr):
         return None
-    fresh = FreshFakes.__new__(FreshFakes)
-    fresh._mode = mode
     try:
         device = torch.device("cpu")
         meta = torch.empty_strided((2, 3), (3, 1), device=_META, requires_grad=True)
         made = FakeTensor(mode, meta, device)
-        fresh.state = {
+        state = {
             name: value
             for name, value in made.__dict__.items()
             if name not in ("_fake_device", "fake_mode")
         }
-        made_here = fresh.make(meta, device)
+        made_here = _fake(mode, state, meta, device)
     except Exception:  # any difference in this torch: its own constructor runs
         return None
     same = (
         type(made_here) is type(made)
         and made_here.__dict__ == made.__dict__
-        and all(value is None for value in fresh.state.values())
+        and all(value is None for value in state.values())
         and torch._C._dispatch_keys(made_here) == torch._C._dispatch_keys(made)
         and made_here.requires_grad == made.requires_grad
         and made_here.fake_device == made.fake_device
     )
-    return fresh.state if same else None
+    return state if same else None
 
 
 def _writes_the_key_as_torch_does() -> bool:

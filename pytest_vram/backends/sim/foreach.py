@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-__all__ = ["by_kind", "is_foreach", "kinds"]
+__all__ = ["by_kind", "group_by_kind", "is_foreach", "kinds"]
 
 _STRIDED = torch.strided
 _SCALARS = (int, float, bool)
@@ -78,19 +78,33 @@ def kinds(mode: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[list[int], li
             return None
     if any(isinstance(value, (list, tuple)) for value in kwargs.values()):
         return None
+    split = group_by_kind(lists, lambda item: _kind(item, mode))
+    return split if split is not None and len(split[0]) < len(split[1]) else None
+
+
+def group_by_kind(
+    lists: list[Any], kind_of_item: Callable[[Any], Any]
+) -> tuple[list[int], list[int]] | None:
+    """The first position of each kind across ``lists`` (all of one length), and each
+    position's kind (an index into the first). A position's kind is the kinds of its items, by
+    ``kind_of_item``; None where an item has none (``kind_of_item`` gives None) or its kind does
+    not hash (symbolic sizes)."""
     seen: dict[Any, int] = {}
     first: list[int] = []
     kind_of: list[int] = []
-    for position, items in enumerate(zip(*lists, strict=True)):
-        key = tuple(_kind(item, mode) for item in items)
-        if None in key:
-            return None
-        kind = seen.get(key)
-        if kind is None:
-            kind = seen[key] = len(first)
-            first.append(position)
-        kind_of.append(kind)
-    return (first, kind_of) if len(first) < len(kind_of) else None
+    try:
+        for position, items in enumerate(zip(*lists, strict=True)):
+            key = tuple(kind_of_item(item) for item in items)
+            if None in key:
+                return None
+            kind = seen.get(key)
+            if kind is None:
+                kind = seen[key] = len(first)
+                first.append(position)
+            kind_of.append(kind)
+    except TypeError:
+        return None
+    return first, kind_of
 
 
 def by_kind(

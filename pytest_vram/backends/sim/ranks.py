@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.distributed import device_mesh
 
+from pytest_vram.backends.sim.foreach import group_by_kind
 from pytest_vram.backends.sim.patches import PatchSet
 
 __all__ = ["SimulatedRanks", "ranks_for", "skip_reason"]
@@ -319,19 +320,10 @@ def _foreach_kinds(op_schema: Any) -> tuple[list[Any], list[int]] | None:
         # What torch makes the fake tensor from: the global shape, stride and dtype.
         return item.tensor_meta if isinstance(item, DTensorSpec) else (type(item), item)
 
-    kinds: dict[Any, int] = {}
-    first_of_kind: list[int] = []
-    kind_of: list[int] = []
-    try:
-        for index in range(len(lists[0])):
-            key = tuple(item_key(arg[index]) for arg in lists)
-            kind = kinds.get(key)
-            if kind is None:
-                kind = kinds[key] = len(first_of_kind)
-                first_of_kind.append(index)
-            kind_of.append(kind)
-    except TypeError:  # symbolic sizes do not hash
+    split = group_by_kind(lists, item_key)
+    if split is None:
         return None
+    first_of_kind, kind_of = split
     schemas = [
         OpSchema(
             op_schema.op,
