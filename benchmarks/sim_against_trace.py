@@ -5,7 +5,8 @@ memory profiling wrote on one real GPU (``cs336_systems/benchmark.py``,
 ``run_memory_foward_fullstep``, in https://github.com/kkaitlyn111/cs336-a2-systems): the
 Transformer LM of https://github.com/kkaitlyn111/cs336-assignment1 (``cs336_basics``) at the
 2.7B shape (d_model 2560, d_ff 10240, 32 layers, 32 heads, vocabulary 10,000, RoPE theta
-10,000), a batch of 4 sequences, float32 weights, built on the device, then with history
+10,000), a batch of 4 sequences, float32 weights (each made on the host by the assignment's
+``Linear``, then moved by ``model.to("cuda")``), then with history
 recorded either a forward pass (``forward``) or a training step (``fullstep``: ``zero_grad``,
 forward, the repository's cross-entropy, backward, its AdamW step), in float32 or under
 ``torch.autocast("cuda", torch.bfloat16)`` (``mixed``). The file name says which:
@@ -37,7 +38,11 @@ cs336-assignment1 (its ``cs336_basics`` package is imported from there; it needs
 the repository root::
 
     python benchmarks/sim_against_trace.py --source ../cs336-assignment1 \\
-        --trace tests/data/traces/cs336_ctx128_forward.pickle [--json out.json]
+        --trace tests/data/traces/cs336_ctx128_forward.pickle [--json out.json] \\
+        [--sim-host-tensors device]
+
+The simulated device runs with ``--vram-sim-host-tensors=host`` unless told otherwise: the
+assignment's ``Linear`` makes its weight on the host, and ``model.to("cuda")`` copies it.
 """
 
 from __future__ import annotations
@@ -267,15 +272,24 @@ class _Recorder:
         return " < ".join(frames), op
 
 
-def sim_run(source: Path, context: int, fullstep: bool, mixed: bool, workspaces_before: int) -> Run:
+def sim_run(
+    source: Path,
+    context: int,
+    fullstep: bool,
+    mixed: bool,
+    workspaces_before: int,
+    host_tensors: str = "host",
+) -> Run:
     """``run_memory_foward_fullstep`` of the assignment's benchmark.py on the simulated device.
 
     ``workspaces_before``: how many of the step's cuBLAS workspaces the traced process held
     when recording started (made by an earlier run in the same process; the forward thread's
-    first, then the autograd thread's), made here before recording too.
+    first, then the autograd thread's), made here before recording too. ``host_tensors`` is
+    ``--vram-sim-host-tensors``: the assignment builds its weights on the host and moves them.
     """
     code = import_source(source)
-    backend = create_backend("sim")  # as the plugin makes it: cuBLAS workspaces included
+    # As the plugin makes it: cuBLAS workspaces included.
+    backend = create_backend("sim", sim_host_tensors=host_tensors)
     recorder = _Recorder(source, backend.own_segments)
     run = Run()
     backend.begin_test()
@@ -433,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a memory_ctx*_*.pickle (repeatable)",
     )
     parser.add_argument("--json", type=Path, help="write the figures and differences here")
+    parser.add_argument(
+        "--sim-host-tensors",
+        choices=("device", "host"),
+        default="host",
+        help="the simulated device's --vram-sim-host-tensors (default: host, as on a GPU)",
+    )
     args = parser.parse_args(argv)
     results = {}
     for path in args.trace:
@@ -454,7 +474,14 @@ def main(argv: list[str] | None = None) -> int:
         # thread that multiplied matrices (the autograd engine's too, in a training step).
         made = sum(r.op.startswith("cuBLAS workspace") for r in real.requests)
         expected = 2 if kind == "fullstep" else 1
-        sim = sim_run(args.source, context, kind == "fullstep", mixed, max(expected - made, 0))
+        sim = sim_run(
+            args.source,
+            context,
+            kind == "fullstep",
+            mixed,
+            max(expected - made, 0),
+            args.sim_host_tensors,
+        )
         results[path.name] = result = compare(real, sim, replay(snapshot, sim.events))
         print(report(path.name, result), flush=True)
     if args.json is not None:

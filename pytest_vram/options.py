@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vram.backends import BACKENDS, CPU_COUNTERS
+from pytest_vram.backends import BACKENDS, CPU_COUNTERS, SIM_HOST_TENSORS
 from pytest_vram.backends.sim.workspaces import gpu_model
 from pytest_vram.units import SizeError, Tolerance, parse_size, parse_tolerance
 
@@ -56,6 +56,15 @@ def add_options(parser: pytest.Parser) -> None:
         'e.g. "NVIDIA H200": its compute capability sets the cuBLAS workspace size and its '
         "memory the capacity when none is given (default: ini vram_sim_gpu, or "
         "NVIDIA H100 80GB HBM3 with unlimited capacity)",
+    )
+    group.addoption(
+        "--vram-sim-host-tensors",
+        choices=SIM_HOST_TENSORS,
+        default=None,
+        help="what the simulated device does with the tensors a test makes without a device: "
+        "device (counts them, so code written for the CPU is measured) or host (leaves them "
+        "on the host, as a GPU does: only .to('cuda') and the like put them on the device). "
+        "Default: ini vram_sim_host_tensors, or device",
     )
     group.addoption(
         "--vram-sim-compute",
@@ -154,6 +163,11 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("vram_sim_capacity", "total memory of the simulated device", default="")
     parser.addini("vram_sim_gpu", "the GPU model the simulated device stands for", default="")
     parser.addini(
+        "vram_sim_host_tensors",
+        "the simulated device's tensors made without a device: device or host",
+        default="",
+    )
+    parser.addini(
         "vram_sim_compute", "when the simulated device computes: auto, never, always", default=""
     )
     parser.addini(
@@ -195,6 +209,8 @@ class Settings:
     sim_cuda_available: bool = False
     #: The GPU model the simulated device stands for; None: the default, without a capacity.
     sim_gpu: str | None = None
+    #: Where the simulated device puts tensors made without a device: device or host.
+    sim_host_tensors: str = "device"
 
     @property
     def measure_all(self) -> bool:
@@ -262,6 +278,14 @@ class Settings:
                 sim_gpu = gpu_model(sim_gpu).name
             except ValueError as exc:
                 raise pytest.UsageError(f"--vram-sim-gpu / vram_sim_gpu: {exc}") from None
+        host_tensors = (
+            option("--vram-sim-host-tensors") or config.getini("vram_sim_host_tensors") or "device"
+        )
+        if host_tensors not in SIM_HOST_TENSORS:
+            raise pytest.UsageError(
+                f"vram_sim_host_tensors = {host_tensors!r}: expected one of "
+                f"{', '.join(SIM_HOST_TENSORS)}"
+            )
         strict = option("--vram-strict")
         junit = option("--vram-junit-properties")
         return cls(
@@ -285,6 +309,7 @@ class Settings:
             breakdown=bool(option("--vram-breakdown")),
             sim_compute=sim_compute,
             sim_gpu=sim_gpu,
+            sim_host_tensors=host_tensors,
             sim_cuda_available=bool(
                 config.getini("vram_sim_cuda_available")
                 if cuda_available is None

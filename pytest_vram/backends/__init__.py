@@ -15,6 +15,7 @@ __all__ = [
     "BACKENDS",
     "CPU_COUNTERS",
     "REGISTRY",
+    "SIM_HOST_TENSORS",
     "Backend",
     "BackendUnavailable",
     "create_backend",
@@ -25,6 +26,9 @@ __all__ = [
 #: compiled once), ``dispatch`` from Python by watching every op, ``auto`` the first where it
 #: can be built.
 CPU_COUNTERS = ("auto", "allocator", "dispatch")
+#: What the simulated device does with tensors made without a device: counts them as its own
+#: (``device``), or leaves them on the host, as a GPU does (``host``).
+SIM_HOST_TENSORS = ("device", "host")
 
 
 def _cuda(**options: Any) -> Backend:
@@ -45,7 +49,10 @@ def _sim(**options: Any) -> Backend:
     from pytest_vram.backends.sim.backend import SimBackend
 
     return SimBackend(
-        capacity=options.get("sim_capacity"), gpu=options.get("sim_gpu"), workspaces=True
+        capacity=options.get("sim_capacity"),
+        gpu=options.get("sim_gpu"),
+        workspaces=True,
+        host_tensors=options.get("sim_host_tensors") or "device",
     )
 
 
@@ -67,8 +74,8 @@ def resolve_name(name: str) -> str:
 def create_backend(name: str, **options: Any) -> Backend:
     """A new backend; raise :class:`BackendUnavailable` when it cannot run here.
 
-    ``options``: ``cpu_counter`` for cpu, ``sim_capacity`` and ``sim_gpu`` for sim; others
-    are ignored.
+    ``options``: ``cpu_counter`` for cpu, ``sim_capacity``, ``sim_gpu`` and
+    ``sim_host_tensors`` for sim; others are ignored.
     """
     name = resolve_name(name)
     factory = REGISTRY.get(name)

@@ -41,6 +41,7 @@ class BackendPool:
                 cpu_counter=self.settings.cpu_counter,
                 sim_capacity=self.settings.sim_capacity,
                 sim_gpu=self.settings.sim_gpu,
+                sim_host_tensors=self.settings.sim_host_tensors,
             )
             self.notes += backend.notes()
             self.backends[name] = backend

@@ -25,7 +25,7 @@ takes. See ``docs/sim.md``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from pytest_vram.backends.sim.dynamoconfig import load_config_alone
 from pytest_vram.backends.sim.fakecuda import VirtualCuda
 from pytest_vram.backends.sim.fakemode import SimFakeTensorMode, on_device
 from pytest_vram.backends.sim.hostmemory import HOST_MESSAGE_START, HostLimit, HostMemoryExceeded
+from pytest_vram.backends.sim.hosttensors import HostTensors
 from pytest_vram.backends.sim.needsvalues import explain_needs_values, needs_values_error
 from pytest_vram.backends.sim.opcounting import OpCounting
 from pytest_vram.backends.sim.workspaces import (
@@ -81,7 +82,11 @@ class SimBackend(Backend):
     device = torch.device("cpu")
 
     def __init__(
-        self, capacity: int | str | None = None, gpu: str | None = None, workspaces: bool = False
+        self,
+        capacity: int | str | None = None,
+        gpu: str | None = None,
+        workspaces: bool = False,
+        host_tensors: str = "device",
     ) -> None:
         #: The GPU model simulated.
         self.gpu = gpu_model(gpu or DEFAULT_GPU)
@@ -107,10 +112,15 @@ class SimBackend(Backend):
         if self.workspaces.size:
             self.tracker.watch_ops(matmul_ops(), self.workspaces.on_matmul)
         self._fake_mode: SimFakeTensorMode | None = None
+        if host_tensors not in ("device", "host"):
+            raise ValueError(f"host_tensors must be device or host, not {host_tensors!r}")
+        #: With ``host_tensors="host"``, the tensors a test keeps on the host, which the device
+        #: does not count; None where they are the device's.
+        self.host = HostTensors(self.counted) if host_tensors == "host" else None
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
         self.computing = False
-        self._counts_now = on_device
+        self._counts_now = self._shape_only_counts()
         self._host_depth = 0
         self._active = False
         self._mode: Any = None
@@ -139,7 +149,7 @@ class SimBackend(Backend):
         without importing torch._dynamo, which a run that never compiles does not need)."""
         if self._fake_mode is None:
             load_config_alone()
-            self._fake_mode = SimFakeTensorMode(self.tracker)
+            self._fake_mode = SimFakeTensorMode(self.tracker, self.host)
         return self._fake_mode
 
     def use_values(
@@ -153,7 +163,17 @@ class SimBackend(Backend):
         self.computing = computing
         self._host.reason = reason if computing else None
         self._host.guessing = computing and guess
-        self._counts_now = _is_host_tensor if computing else on_device
+        self._counts_now = _is_host_tensor if computing else self._shape_only_counts()
+        if self.host is not None:
+            # Computing, host tensors are real CPU tensors made where the device counts nothing.
+            self.host.uncounted = self.host_memory if computing else None
+
+    def _shape_only_counts(self) -> Callable[[torch.Tensor], bool]:
+        return on_device if self.host is None else self._on_device
+
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        """Shape-only: a fake tensor the test does not keep on the host."""
+        return on_device(tensor) and not self.host.is_host(tensor)  # type: ignore[union-attr]
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         return self._host_depth == 0 and self._counts_now(tensor)
@@ -347,7 +367,7 @@ class SimBackend(Backend):
         self._ops.reset_peak()
 
     def storage_bytes(self, tensor: torch.Tensor) -> int | None:
-        if not (self.counted(tensor) if self.computing else on_device(tensor)):
+        if not (self.counted(tensor) if self.computing else self._counts_now(tensor)):
             return None
         return round_like_cuda_allocator(tensor.untyped_storage().nbytes())
 
@@ -486,6 +506,7 @@ class SimBackend(Backend):
         env = super().environment()
         env["sim_capacity"] = self.capacity
         env["sim_gpu"] = self.gpu.name
+        env["sim_host_tensors"] = "device" if self.host is None else "host"
         return env
 
     def close(self) -> None:

@@ -15,7 +15,9 @@ a CPU-only build of PyTorch:
   ``foreach`` implementations they use on CUDA; ``GradScaler.step`` always steps, since the
   simulated device has no values to check for infs.
 - an optimizer's own host tensors (AdamW's ``step`` counters) are made uncounted, as host
-  memory (:mod:`~pytest_vram.backends.sim.hostscalars`); transformers' ``is_tracing(tensor)``
+  memory (:mod:`~pytest_vram.backends.sim.hostscalars`), and with
+  ``--vram-sim-host-tensors=host`` so is every tensor the test keeps on the host
+  (:mod:`~pytest_vram.backends.sim.hosttensors`); transformers' ``is_tracing(tensor)``
   answers False for fake tensors, as in a real run.
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
@@ -50,7 +52,11 @@ from pytest_vram.backends.sim.hostscalars import HOST_FACTORIES, HostScalars
 from pytest_vram.backends.sim.moduleapply import module_apply
 from pytest_vram.backends.sim.ops import trunc_normal_decided
 from pytest_vram.backends.sim.patches import PatchSet
-from pytest_vram.backends.sim.remapmode import CudaRemapMode, special_methods
+from pytest_vram.backends.sim.remapmode import (
+    CudaRemapMode,
+    HostCudaRemapMode,
+    special_methods,
+)
 from pytest_vram.backends.sim.torchcuda import SimulatedDevice, cuda_replacements
 from pytest_vram.importhook import PatchOnImport
 
@@ -115,11 +121,13 @@ class VirtualCuda:
         #: Which factory calls make an optimizer's host scalars, made in ``host_memory``.
         self._host_scalars = HostScalars()
         host_scalar = self._host_scalars.made_by
+        #: The tensors a test keeps on the host, where the device does not count them (None:
+        #: the device counts every tensor the test makes).
+        self._host = host = getattr(device, "host", None)
+        make = CudaRemapMode if host is None else functools.partial(HostCudaRemapMode, host)
         self._modes = {
-            False: CudaRemapMode(host_memory=host_memory, host_scalar=host_scalar),
-            True: CudaRemapMode(
-                on_device=device.counted, host_memory=host_memory, host_scalar=host_scalar
-            ),
+            False: make(host_memory=host_memory, host_scalar=host_scalar),
+            True: make(on_device=device.counted, host_memory=host_memory, host_scalar=host_scalar),
         }
         self._mode = self._modes[False]
         self._host_memory = host_memory
@@ -139,7 +147,8 @@ class VirtualCuda:
             return
         self._default_device = _default_device_context()
         self._mode = self._modes[computing]
-        below = computing and self._can_remap_below_python()
+        # Host tensors need the function mode, which sees every call's arguments.
+        below = computing and self._host is None and self._can_remap_below_python()
         try:
             self._patches.replace_all(self._replacements_for(computing))
             self._host_scalars.start()

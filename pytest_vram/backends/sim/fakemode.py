@@ -26,6 +26,7 @@ from pytest_vram.backends.gradsums import (
 )
 from pytest_vram.backends.sim import foreach
 from pytest_vram.backends.sim.foreach import is_foreach
+from pytest_vram.backends.sim.hosttensors import HostTensors
 from pytest_vram.backends.sim.known import KnownValues
 from pytest_vram.backends.tracker import StorageTracker
 
@@ -140,9 +141,11 @@ class SimFakeTensorMode(FakeTensorMode):
     def _should_skip_dynamo(cls) -> bool:
         return False
 
-    def __init__(self, tracker: StorageTracker) -> None:
+    def __init__(self, tracker: StorageTracker, host: HostTensors | None = None) -> None:
         super().__init__(allow_non_fake_inputs=True)
         self._observe_output = tracker.observe_output
+        #: The tensors the test keeps on the host, which the device does not count.
+        self._host = host
         self._depth = 0
         #: What is known of the fake tensors' values without computing them.
         self.known = KnownValues()
@@ -343,7 +346,9 @@ class SimFakeTensorMode(FakeTensorMode):
             self._depth -= 1
         if self._depth == 0:
             # Queries return no tensor: skip them cheaply.
-            if isinstance(out, (torch.Tensor, tuple, list)):
+            if isinstance(out, (torch.Tensor, tuple, list)) and not (
+                self._host is not None and self._host.place(args, kwargs, out)
+            ):
                 self._observe_output(func, out)
             self.known.after(func, args, kwargs or {}, out)
         return out

@@ -29,27 +29,62 @@ from pytest_vram.backends.sim.autocast import (
 )
 from pytest_vram.backends.sim.cudaremap import is_cuda_device
 from pytest_vram.backends.sim.hostscalars import HOST_FACTORIES
+from pytest_vram.backends.sim.hosttensors import HostTensors
 
-__all__ = ["CudaRemapMode", "special_methods"]
+__all__ = ["CudaRemapMode", "HostCudaRemapMode", "special_methods"]
 
 _CPU = torch.device("cpu")
 
 
 def _tensor_to(
-    on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple, kwargs: dict
+    on_device: Callable[[torch.Tensor], bool],
+    is_host: Callable[[torch.Tensor], bool],
+    func: Callable,
+    args: tuple,
+    kwargs: dict,
 ) -> Any:
-    to_cuda = False
-    if len(args) > 1 and is_cuda_device(args[1]):
-        args = (args[0], _CPU, *args[2:])
-        to_cuda = True
+    to_cuda = to_cpu = False
+    if len(args) > 1:
+        if is_cuda_device(args[1]):
+            args = (args[0], _CPU, *args[2:])
+            to_cuda = True
+        elif isinstance(args[1], torch.Tensor):  # x.to(other): to other's device
+            to_cpu = not is_host(args[1])
+        else:
+            to_cpu = _is_cpu_device(args[1])
     device = kwargs.get("device")
-    if device is not None and is_cuda_device(device):
-        kwargs["device"] = _CPU
-        to_cuda = True
-    # A host tensor made before the simulation moves to the device: a new, counted copy.
-    if to_cuda and not on_device(args[0]) and len(args) < 5:
+    if device is not None:
+        if is_cuda_device(device):
+            kwargs["device"] = _CPU
+            to_cuda = True
+        else:
+            to_cpu = _is_cpu_device(device)
+    # A host tensor (one made before the simulation, or kept on the host by the test) moves to
+    # the device: a new, counted copy. The simulated device's own name is "cpu".
+    if len(args) < 5 and ((to_cuda and not on_device(args[0])) or (to_cpu and is_host(args[0]))):
         kwargs.setdefault("copy", True)
     return func(*args, **kwargs)
+
+
+def _is_cpu_device(device: object) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cpu"
+    return isinstance(device, str) and (device == "cpu" or device.startswith("cpu:"))
+
+
+def _never(tensor: torch.Tensor) -> bool:
+    return False
+
+
+def _not_on(
+    is_host: Callable[[torch.Tensor], bool], on_device: Callable[[torch.Tensor], bool]
+) -> Callable[[torch.Tensor], bool]:
+    """``on_device``, False for a tensor the test keeps on the host."""
+
+    def on_device_not_host(tensor: torch.Tensor) -> bool:
+        return on_device(tensor) and not is_host(tensor)
+
+    return on_device_not_host
 
 
 def _tensor_cuda(
@@ -87,13 +122,16 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
-def special_methods(on_device: Callable[[torch.Tensor], bool]) -> dict[Callable, Callable]:
+def special_methods(
+    on_device: Callable[[torch.Tensor], bool], is_host: Callable[[torch.Tensor], bool] = _never
+) -> dict[Callable, Callable]:
     """The tensor methods whose meaning on the simulated device is not a copy to the CPU, each
     with its replacement (called with the original, the arguments and the keyword arguments);
-    ``on_device`` tells a tensor already on the device."""
+    ``on_device`` tells a tensor already on the device, ``is_host`` one the test keeps on the
+    host (which ``.to("cpu")`` copies to the device)."""
     tensor = torch.Tensor
     return {
-        tensor.to: functools.partial(_tensor_to, on_device),
+        tensor.to: functools.partial(_tensor_to, on_device, is_host),
         tensor.cuda: functools.partial(_tensor_cuda, on_device),
         tensor.__format__: _tensor_format,
         # Pinned host memory needs a CUDA runtime; on the simulated device it is plain memory.
@@ -109,7 +147,8 @@ class CudaRemapMode(TorchFunctionMode):
     which is all that device arguments need; for autocast it means the corrections apply to the
     functions called directly, while CPU autocast, underneath, casts everything else. With
     ``host_memory``, a context in which the device counts nothing, the factory calls that
-    ``host_scalar`` tells (an optimizer's own host tensors) run in it.
+    ``host_scalar`` tells (an optimizer's own host tensors) run in it. With ``host``, the
+    tensors a test keeps on the host are not on the device (:class:`HostCudaRemapMode`).
     """
 
     def __init__(
@@ -117,9 +156,14 @@ class CudaRemapMode(TorchFunctionMode):
         on_device: Callable[[torch.Tensor], bool] = _is_fake,
         host_memory: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         host_scalar: Callable[[Callable, tuple, dict | None], bool] | None = None,
+        host: HostTensors | None = None,
     ) -> None:
         super().__init__()
-        self._special = special_methods(on_device)
+        self._special = (
+            special_methods(on_device)
+            if host is None
+            else special_methods(_not_on(host.is_host, on_device), host.is_host)
+        )
         self._autocast = cuda_autocast_policies()
         self._host_memory = host_memory
         self._host_scalar = host_scalar if host_memory is not None else None
@@ -147,3 +191,16 @@ class CudaRemapMode(TorchFunctionMode):
         if policy is not None and real_is_autocast_enabled("cpu"):
             return autocast_call(policy, func, args, dict(kwargs))
         return func(*args, **kwargs)
+
+
+class HostCudaRemapMode(CudaRemapMode):
+    """:class:`CudaRemapMode` where the tensors a call makes are on the host or the device as
+    the call says (:mod:`~pytest_vram.backends.sim.hosttensors`)."""
+
+    def __init__(self, host: HostTensors, **options: Any) -> None:
+        super().__init__(host=host, **options)
+        self._host = host
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        remap = super().__torch_function__
+        return self._host.call(func, args, kwargs, lambda: remap(func, types, args, kwargs))

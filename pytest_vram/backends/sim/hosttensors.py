@@ -1,0 +1,194 @@
+"""The tensors a test keeps on the host, which a GPU does not count
+(``--vram-sim-host-tensors=host``).
+
+On a GPU, a tensor made without a device (while the default device is the host's) is host
+memory, and so is whatever is computed from host tensors alone; ``.to("cuda")`` copies it to
+the device. A model built that way and then moved (``Linear`` makes its weight on the host,
+``model.to("cuda")`` copies it) is only on the device after the move. On the simulated device
+every tensor is a ``cpu`` tensor (fake, or computing real), so it tells the two apart itself:
+
+- a factory called without a device, with no default device set (``torch.set_default_device``
+  or ``with torch.device(...)``), or with ``pin_memory=True``, makes host tensors;
+- a call whose tensor arguments are all host tensors makes host tensors (what a function
+  makes inside, its temporaries included, is on its arguments' device), and shape-only so does
+  an op that only host tensors reach (autograd's backward of a host computation);
+- a call that names a device (``device="cuda"``, ``.cuda()``, ``.to("cuda")``, and, since the
+  ``vram.device`` of the simulated device is ``cpu``, ``device="cpu"`` and ``.to("cpu")`` too)
+  makes device tensors, and moving a host tensor so copies it.
+
+A host tensor's storage carries a mark; the device does not count a marked storage. Calls are
+placed by :class:`~pytest_vram.backends.sim.remapmode.HostCudaRemapMode`, ops by the fake mode
+(shape-only); computing, a call that makes host tensors runs where the device counts nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext, _device_constructors
+
+__all__ = ["HostTensors"]
+
+_MARK = "_pytest_vram_host"
+_TENSOR_TO = torch.Tensor.to
+_TENSOR_CUDA = torch.Tensor.cuda
+
+
+class _Live:
+    """How many marked storages are alive: while none is, nothing needs to be looked at."""
+
+    count = 0
+
+
+class _Mark:
+    # On the storage's Python object, which PyTorch keeps exactly as long as the storage.
+    __slots__ = ("_live",)
+
+    def __init__(self, live: _Live) -> None:
+        self._live = live
+        live.count += 1
+
+    def __del__(self) -> None:
+        self._live.count -= 1
+
+
+class _Making(threading.local):
+    #: True inside a call that makes host tensors, False inside one that names the device,
+    #: None elsewhere (an op's outputs are on its inputs' device).
+    host: bool | None = None
+
+
+class HostTensors:
+    """Marks the tensors a test keeps on the host, and tells them from the device's."""
+
+    def __init__(self, counted: Callable[[torch.Tensor], bool]) -> None:
+        #: Whether the device counts a tensor's storage: such a storage is never the host's.
+        self._counted = counted
+        #: Computing: a context in which the device counts nothing, where a call that makes
+        #: host tensors runs (shape-only, the fake mode leaves them uncounted as it marks them).
+        self.uncounted: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+        self._live = _Live()
+        self._making = _Making()
+        self._factories = frozenset(_device_constructors())
+
+    @property
+    def live(self) -> int:
+        """How many host storages are alive."""
+        return self._live.count
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is on the host (its storage is marked)."""
+        if not self._live.count:
+            return False
+        try:
+            return hasattr(tensor.untyped_storage(), _MARK)
+        except (NotImplementedError, RuntimeError):
+            return False
+
+    @contextlib.contextmanager
+    def making(self, host: bool) -> Iterator[None]:
+        """Inside, new tensors are host tensors (``host``) or the device's (not ``host``)."""
+        making = self._making
+        before, making.host = making.host, host
+        try:
+            yield
+        finally:
+            making.host = before
+
+    def call(self, func: Callable, args: tuple, kwargs: dict | None, run: Callable[[], Any]) -> Any:
+        """Run ``run()``, the function call ``func(*args, **kwargs)`` a test made, where its
+        new tensors are on the host or the device as the call says."""
+        host = self._placed_by(func, args, kwargs)
+        if host is None:
+            return run()
+        with self.making(host):
+            if not host or self.uncounted is None:
+                return run()
+            with self.uncounted():
+                out = run()
+        self._mark_all(out)
+        return out
+
+    def _placed_by(self, func: Callable, args: tuple, kwargs: dict | None) -> bool | None:
+        if kwargs:
+            if kwargs.get("pin_memory"):
+                return True
+            if kwargs.get("device") is not None:
+                return False
+        if func in self._factories and not _any_tensor(args):  # torch.tensor(t): t's device
+            return None if _default_device_set() else True
+        if func is _TENSOR_CUDA or (
+            func is _TENSOR_TO and len(args) > 1 and self._names_device(args[1])
+        ):
+            return False
+        if self._live.count:
+            return self._all_host(args, kwargs)
+        return None
+
+    def _names_device(self, arg: Any) -> bool:
+        if isinstance(arg, torch.Tensor):  # x.to(other): other's device
+            return not self.is_host(arg)
+        return isinstance(arg, (str, torch.device)) or (
+            isinstance(arg, int) and not isinstance(arg, bool)
+        )
+
+    def _all_host(self, args: tuple, kwargs: dict | None) -> bool | None:
+        """True when the tensors among the arguments are all on the host; None when there are
+        none, or some are on the device."""
+        seen = False
+        for arg in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(arg, torch.Tensor):
+                if not self.is_host(arg):
+                    return None
+                seen = True
+            elif isinstance(arg, (list, tuple)):
+                for item in arg:
+                    if isinstance(item, torch.Tensor):
+                        if not self.is_host(item):
+                            return None
+                        seen = True
+        return True if seen else None
+
+    def place(self, args: tuple, kwargs: dict | None, out: Any) -> bool:
+        """Mark ``out``, an op's new outputs, as host tensors where the call that runs says so
+        or where all the op's tensor arguments are on the host; True when it marked them."""
+        host = self._making.host
+        if host is None:
+            if not self._live.count:
+                return False
+            host = self._all_host(args, kwargs) or False
+        if not host:
+            return False
+        self._mark_all(out)
+        return True
+
+    def _mark_all(self, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            self._mark(out)
+        elif isinstance(out, (list, tuple)):
+            for item in out:
+                if isinstance(item, torch.Tensor):
+                    self._mark(item)
+
+    def _mark(self, tensor: torch.Tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return
+        if not hasattr(storage, _MARK) and not self._counted(tensor):
+            setattr(storage, _MARK, _Mark(self._live))
+
+
+def _any_tensor(args: tuple) -> bool:
+    return any(isinstance(arg, torch.Tensor) for arg in args)
+
+
+def _default_device_set() -> bool:
+    """Whether a default device is set (``set_default_device``, ``with torch.device(...)``):
+    its factories name that device."""
+    return any(isinstance(mode, DeviceContext) for mode in _get_current_function_mode_stack())

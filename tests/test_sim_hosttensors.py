@@ -1,0 +1,241 @@
+"""Host tensors on the simulated device: what a test keeps on the host is not device memory.
+
+On a GPU, a tensor made without a device is host memory until ``.to("cuda")`` copies it; so is
+what is computed from host tensors alone. Each test here says what the CUDA caching allocator
+would count for the same code. ``mode`` runs a test shape-only and computing (real CPU tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from pytest_vram.backends.sim.backend import SimBackend
+
+MiB = 1 << 20
+
+
+@contextlib.contextmanager
+def simulated(computing: bool = False, workspaces: bool = False) -> Iterator[SimBackend]:
+    backend = SimBackend(workspaces=workspaces, host_tensors="host")
+    backend.use_values(computing)
+    backend.begin_test()
+    try:
+        yield backend
+    finally:
+        backend.end_test()
+
+
+@pytest.fixture(params=[False, True], ids=["shape-only", "computing"])
+def computing(request: pytest.FixtureRequest) -> bool:
+    return request.param
+
+
+@pytest.fixture
+def sim(computing: bool) -> Iterator[SimBackend]:
+    with simulated(computing) as backend:
+        yield backend
+
+
+def test_a_tensor_made_without_a_device_is_host_memory(sim: SimBackend) -> None:
+    host = [torch.zeros(1024), torch.randn(32, 32), torch.tensor([1.0] * 1024), torch.arange(8)]
+    assert sim.allocated() == 0
+    pinned = torch.empty(1024, device="cpu", pin_memory=True)
+    assert sim.allocated() == 0
+    on_device = torch.zeros(1024, device="cuda")
+    assert sim.allocated() == 4096
+    # The simulated device's own name is cpu (its vram.device): naming it is naming the device.
+    named = torch.zeros(1024, device="cpu")
+    assert sim.allocated() == 2 * 4096
+    del host, pinned, on_device, named
+
+
+def test_made_like_a_host_tensor_is_on_the_host(sim: SimBackend) -> None:
+    host = torch.ones(1024)
+    like = [
+        torch.zeros_like(host),
+        host.new_zeros(1024),
+        torch.as_tensor(host, dtype=torch.float64),
+        host.clone(),
+    ]
+    assert sim.allocated() == 0
+    on_device = torch.zeros_like(host, device="cuda")
+    assert sim.allocated() == 4096
+    # x.to(other) goes to other's device.
+    assert host.to(like[0]) is host
+    moved = host.to(on_device)
+    assert moved is not host
+    assert sim.allocated() == 2 * 4096
+    del like, on_device, moved
+
+
+@pytest.mark.parametrize("default", ["cuda", "cpu"])
+def test_a_default_device_makes_device_tensors(sim: SimBackend, default: str) -> None:
+    with torch.device(default):
+        inside = torch.zeros(1024)
+        layer = nn.Linear(32, 32, bias=False)
+    assert sim.allocated() == 4096 + 4096
+    del inside, layer
+
+
+def test_moving_a_host_tensor_copies_it_to_the_device(sim: SimBackend) -> None:
+    host = torch.ones(1024)
+    moved = [
+        host.cuda(),
+        host.to("cuda"),
+        host.to(device="cuda:0"),
+        host.to(torch.device("cuda"), non_blocking=True),
+        host.to("cpu"),  # the simulated device's own name
+    ]
+    assert all(tensor is not host for tensor in moved)
+    assert sim.allocated() == 5 * 4096
+    # On the device already: moving it again is the tensor itself, as on CUDA.
+    assert moved[0].to("cuda") is moved[0]
+    assert moved[0].cuda() is moved[0]
+    half = host.to("cuda", torch.float16)
+    assert sim.allocated() == 5 * 4096 + 2048
+    # A dtype alone keeps it on the host.
+    host.to(torch.float16)
+    assert sim.allocated() == 5 * 4096 + 2048
+    del moved, half
+
+
+def test_a_model_built_on_the_host_is_on_the_device_after_to(sim: SimBackend) -> None:
+    model = nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256))
+    params = list(model.parameters())
+    assert sim.peak_allocated() == 0
+    assert model.to("cuda") is model
+    assert list(model.parameters()) == params  # the same objects, as on CUDA
+    weights = 256 * 256 * 4 + 3 * 1024
+    assert sim.allocated() == weights
+    # The host copies were never the device's: the move's peak is the weights once.
+    assert sim.peak_allocated() == weights
+    loss = model(torch.randn(8, 256).cuda()).sum()
+    loss.backward()
+    assert sim.peak_allocated() > 2 * weights
+
+
+def test_a_step_agrees_shape_only_and_computing() -> None:
+    peaks = []
+    for computing in (False, True):
+        torch.manual_seed(0)
+        with simulated(computing, workspaces=True) as sim:
+            model = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+            model.to("cuda")
+            optimizer = torch.optim.AdamW(model.parameters())
+            batch = torch.randn(16, 128).to("cuda")
+            model(batch).square().mean().backward()
+            optimizer.step()
+            peaks.append((sim.peak_allocated(), sim.allocated()))
+            del model, optimizer, batch
+    assert peaks[0] == peaks[1]
+
+
+def test_what_is_computed_from_host_tensors_is_host_memory() -> None:
+    with simulated(workspaces=True) as sim:
+        x = torch.randn(64, 64, requires_grad=True)
+        y = F.softmax(x @ x, dim=-1)
+        y.sum().backward()
+        assert x.grad is not None
+        # No tensor and no cuBLAS workspace: a host matrix product runs on the host.
+        assert sim.peak_allocated() == 0
+        on_device = x.cuda()
+        assert sim.allocated() == 64 * 64 * 4
+        # A host scalar beside a device tensor gives a device tensor, as on CUDA.
+        scaled = on_device * torch.tensor(2.0)
+        assert sim.allocated() == 2 * 64 * 64 * 4
+        # The first product on the device makes this thread's cuBLAS workspace.
+        product = on_device @ on_device
+        assert sim.allocated() == 3 * 64 * 64 * 4 + 32 * MiB
+        del y, scaled, product
+
+
+def test_host_tensors_are_fake_and_cpu_shape_only() -> None:
+    with simulated() as sim:
+        host = torch.zeros(16)
+        assert isinstance(host, FakeTensor)
+        assert host.device == torch.device("cpu")
+        assert sim.host.is_host(host)
+        assert not sim.host.is_host(host.cuda())
+        del host
+        gc.collect()
+        # None left: ops no longer look at their arguments' placement.
+        assert sim.host.live == 0
+
+
+def test_computing_a_host_tensor_is_real_and_its_copy_counted() -> None:
+    with simulated(computing=True) as sim:
+        host = torch.arange(1024, dtype=torch.float32)
+        moved = host.cuda()
+        assert not isinstance(moved, FakeTensor)
+        assert torch.equal(moved, host)
+        assert sim.allocated() == 4096
+
+
+SUITE = """
+import torch
+from torch import nn
+
+def test_built_on_the_host(vram):
+    model = nn.Linear(1024, 1024, bias=False)   # 4 MiB, on the host
+    model.to("cuda")
+    tokens = torch.randn(4, 1024)                # on the host
+    model(tokens.cuda()).sum().backward()
+"""
+
+
+def test_a_model_built_on_the_host_then_moved_is_measured_as_on_a_gpu(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_host=SUITE)
+    result = pytester.runpytest(
+        "--vram-backend=sim",
+        "--vram-sim-host-tensors=host",
+        "--junitxml=report.xml",
+        "--vram-json=figures.json",
+    )
+    result.assert_outcomes(passed=1)
+    environment = json.loads((pytester.path / "figures.json").read_text())["environments"]
+    assert environment["sim"]["sim_host_tensors"] == "host"
+    xml = Path(pytester.path / "report.xml").read_text()
+    # The weights, their gradient, the batch, its copy, the output and the cuBLAS workspaces
+    # of the forward's and autograd's threads; never the host's copies of any of them.
+    weights = 4 * MiB
+    batch = 4 * 1024 * 4
+    peak = int(xml.split('name="vram_peak_allocated" value="')[1].split('"')[0])
+    assert 2 * weights + batch <= peak <= 2 * weights + batch + 2 * 32 * MiB + 64 * 1024
+
+
+def test_by_default_they_are_the_devices(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_cpu_code="""
+        import torch
+
+        def test_on_the_host(vram):
+            kept = torch.zeros(1024 * 1024)  # 4 MiB, no device named
+            assert torch.cuda.memory_allocated() == 4 * 2**20
+        """
+    )
+    result = pytester.runpytest("--vram-backend=sim", "--vram-json=figures.json")
+    result.assert_outcomes(passed=1)
+    environment = json.loads((pytester.path / "figures.json").read_text())["environments"]
+    assert environment["sim"]["sim_host_tensors"] == "device"
+
+
+def test_an_unknown_setting_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nvram_sim_host_tensors = elsewhere\n")
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    result = pytester.runpytest("--vram-backend=sim")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*vram_sim_host_tensors = 'elsewhere': expected one of device, host*"]
+    )
