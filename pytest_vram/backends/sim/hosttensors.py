@@ -100,12 +100,9 @@ class HostTensors:
         finally:
             making.host = before
 
-    def call(self, func: Callable, args: tuple, kwargs: dict | None, run: Callable[[], Any]) -> Any:
-        """Run ``run()``, the function call ``func(*args, **kwargs)`` a test made, where its
-        new tensors are on the host or the device as the call says."""
-        host = self._placed_by(func, args, kwargs)
-        if host is None:
-            return run()
+    def run_placed(self, host: bool, run: Callable[[], Any]) -> Any:
+        """Run ``run()``, a call :meth:`placement` placed, where its new tensors are host
+        tensors (``host``) or the device's; computing, host tensors are made uncounted."""
         with self.making(host):
             if not host or self.uncounted is None:
                 return run()
@@ -114,7 +111,9 @@ class HostTensors:
         self._mark_all(out)
         return out
 
-    def _placed_by(self, func: Callable, args: tuple, kwargs: dict | None) -> bool | None:
+    def placement(self, func: Callable, args: tuple, kwargs: dict | None) -> bool | None:
+        """Where the call ``func(*args, **kwargs)`` puts the tensors it makes: on the host
+        (True), on the device (False), or on its arguments' device as each op does (None)."""
         if kwargs:
             if kwargs.get("pin_memory"):
                 return True

@@ -202,5 +202,10 @@ class HostCudaRemapMode(CudaRemapMode):
         self._host = host
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        remap = super().__torch_function__
-        return self._host.call(func, args, kwargs, lambda: remap(func, types, args, kwargs))
+        host = self._host.placement(func, args, kwargs)
+        if host is None:  # nearly every call
+            return _remap(self, func, types, args, kwargs)
+        return self._host.run_placed(host, lambda: _remap(self, func, types, args, kwargs))
+
+
+_remap = CudaRemapMode.__torch_function__
