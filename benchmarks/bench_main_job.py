@@ -6,11 +6,13 @@ Prints each run's wall time, the CPU time it used (on a shared machine the CPU t
 less than the wall time) and the load average when it started, then the medians and the slowest
 tests by their median ``--durations`` time:
 
-    python benchmarks/bench_main_job.py [--runs 3] [--top 5] [--against DIR]
+    python benchmarks/bench_main_job.py [--runs 3] [--top 5] [--against DIR] [--also OPTION]
 
 ``--against DIR`` alternates the runs with runs in another checkout of the repository (an
 earlier commit, made with ``git worktree add`` or ``git archive``), whose own ``pytest_vram``,
-suites and baselines they use, so that both see the same machine.
+suites and baselines they use, so that both see the same machine. ``--also OPTION``
+(repeatable) alternates them with runs of this tree given those pytest options too, such as
+``--also=--vram-sim-host-tensors=host``.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(tree: Path, top: int) -> Run:
+def run_once(tree: Path, top: int, options: tuple[str, ...] = ()) -> Run:
     """One ``pytest suites --vram-report`` in ``tree``, importing that tree's pytest_vram."""
-    command = [sys.executable, "-m", "pytest", "suites", "--vram-report", f"--durations={top}"]
+    command = [
+        sys.executable, "-m", "pytest", "suites", "--vram-report", f"--durations={top}", *options
+    ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree))
     load = os.getloadavg()[0]
     cpu = _children_cpu()
@@ -88,19 +92,28 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of each tree")
     parser.add_argument("--top", type=int, default=5, help="slowest tests to list")
     parser.add_argument("--against", type=Path, help="another checkout, run in alternation")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="runs of this tree with this pytest option too, in alternation (repeatable)",
+    )
     args = parser.parse_args()
-    trees = {"this tree": ROOT}
+    trees: dict[str, tuple[Path, tuple[str, ...]]] = {"this tree": (ROOT, ())}
     if args.against is not None:
         if not (args.against / "suites").is_dir():
             sys.exit(f"--against {args.against}: no suites/ there; give a checkout of the repo")
-        trees["--against"] = args.against.resolve()
+        trees["--against"] = (args.against.resolve(), ())
+    if args.also:
+        trees["--also"] = (ROOT, tuple(args.also))
     runs: dict[str, list[Run]] = {name: [] for name in trees}
     failed = False
     for i in range(args.runs):
         # Alternate which goes first, so that neither always runs on a warmer machine.
         order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
-        for name, tree in order:
-            run = run_once(tree, args.top)
+        for name, (tree, options) in order:
+            run = run_once(tree, args.top, options)
             runs[name].append(run)
             failed |= run.status != 0
             print(
