@@ -140,6 +140,38 @@ def test_a_step_agrees_shape_only_and_computing() -> None:
     assert peaks[0] == peaks[1]
 
 
+@pytest.mark.slow
+def test_a_transformers_model_built_on_the_host_measures_as_one_built_on_the_device() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
+    figures = {}
+    for computing in (False, True):
+        for built_on in ("host", "cuda"):
+            torch.manual_seed(0)
+            with simulated(computing, workspaces=True) as sim:
+                if built_on == "host":
+                    model = transformers.LlamaForCausalLM(config)
+                    assert sim.peak_allocated() == 0
+                    model.to("cuda")
+                else:
+                    with torch.device("cuda"):
+                        model = transformers.LlamaForCausalLM(config)
+                optimizer = torch.optim.AdamW(model.parameters())
+                ids = torch.randint(0, 100, (2, 64)).to("cuda")
+                model(input_ids=ids, labels=ids).loss.backward()
+                optimizer.step()
+                figures[computing, built_on] = (sim.peak_allocated(), sim.allocated())
+                del model, optimizer, ids
+    assert len(set(figures.values())) == 1, figures
+
+
 def test_what_is_computed_from_host_tensors_is_host_memory() -> None:
     with simulated(workspaces=True) as sim:
         x = torch.randn(64, 64, requires_grad=True)
