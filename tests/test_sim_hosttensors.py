@@ -70,12 +70,16 @@ def test_made_like_a_host_tensor_is_on_the_host(sim: SimBackend) -> None:
     assert sim.allocated() == 0
     on_device = torch.zeros_like(host, device="cuda")
     assert sim.allocated() == 4096
+    # The host's own device named beside host tensors is the host (an optimizer's
+    # zeros_like(p, device=p.device)); named alone, it is the simulated device's name.
+    beside = torch.zeros_like(host, device=host.device)
+    assert sim.allocated() == 4096
     # x.to(other) goes to other's device.
     assert host.to(like[0]) is host
     moved = host.to(on_device)
     assert moved is not host
     assert sim.allocated() == 2 * 4096
-    del like, on_device, moved
+    del like, on_device, moved, beside
 
 
 @pytest.mark.parametrize("default", ["cuda", "cpu"])

@@ -14,7 +14,9 @@ every tensor is a ``cpu`` tensor (fake, or computing real), so it tells the two 
   an op that only host tensors reach (autograd's backward of a host computation);
 - a call that names a device (``device="cuda"``, ``.cuda()``, ``.to("cuda")``, and, since the
   ``vram.device`` of the simulated device is ``cpu``, ``device="cpu"`` and ``.to("cpu")`` too)
-  makes device tensors, and moving a host tensor so copies it.
+  makes device tensors, and moving a host tensor so copies it; only ``device="cpu"`` in a call
+  whose tensor arguments are all host tensors (``torch.zeros_like(p, device=p.device)``) is
+  the host.
 
 A host tensor's storage carries a mark; the device does not count a marked storage. Calls are
 placed by :class:`~pytest_vram.backends.sim.remapmode.HostCudaRemapMode`, ops by the fake mode
@@ -31,6 +33,8 @@ from typing import Any
 import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext, _device_constructors
+
+from pytest_vram.backends.sim.cudaremap import is_cuda_device
 
 __all__ = ["HostTensors"]
 
@@ -117,8 +121,16 @@ class HostTensors:
         if kwargs:
             if kwargs.get("pin_memory"):
                 return True
-            if kwargs.get("device") is not None:
-                return False
+            device = kwargs.get("device")
+            if device is not None:
+                # device="cpu" beside host tensors only (zeros_like(p, device=p.device) of a
+                # host p) is the host; elsewhere a device named is the simulated device.
+                return bool(
+                    func is not _TENSOR_TO
+                    and self._live.count
+                    and not is_cuda_device(device)
+                    and self._all_host(args, kwargs)
+                )
         if func in self._factories and not _any_tensor(args):  # torch.tensor(t): t's device
             return None if _default_device_set() else True
         if func is _TENSOR_CUDA or (
