@@ -37,7 +37,7 @@ declare -A SUMMARY_LINES=([cuda-tests]=1 [suites-cuda]=1 [suites-sim]=1 [oom]=3)
 # The files the stages leave in OUT_DIR; summary.txt comes last.
 OUTPUTS=(gpu-check.log cuda.json cuda.xml sim.json snapshot.pickle memory-viz.html summary.txt)
 MAX_OUTPUTS=8
-DRY_RUN_SUITES=suites/test_estimate_budget.py::test_parameter_count_matches_the_estimate
+DRY_RUN_SUITES=suites/test_training.py::test_idle_memory_is_the_weights
 
 usage() {
     sed -n '2,/^# shellcheck/p' "$self" | sed '$d' | sed 's/^# \{0,1\}//' >&2
@@ -184,12 +184,14 @@ stage_suites_cuda() {
     # 32B suites) run once, in the sim stage.
     # shellcheck disable=SC2086  # GC_SUITES is a list of paths
     venv_pytest $GC_SUITES -m "not vram_backend" --vram-backend="$GC_BACKEND" --vram-report \
-        --vram-json "$GC_OUT/cuda.json" --junitxml "$GC_OUT/cuda.xml"
+        --vram-sim-host-tensors=host --vram-json "$GC_OUT/cuda.json" --junitxml "$GC_OUT/cuda.xml"
 }
 
 stage_suites_sim() {
+    # Host tensors stay on the host, as on the GPU the figures are compared with.
     # shellcheck disable=SC2086
-    venv_pytest $GC_SUITES --vram-backend=sim --vram-report --vram-json "$GC_OUT/sim.json"
+    venv_pytest $GC_SUITES --vram-backend=sim --vram-report --vram-sim-host-tensors=host \
+        --vram-json "$GC_OUT/sim.json"
 }
 
 stage_ratios() {
