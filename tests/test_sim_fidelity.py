@@ -8,13 +8,13 @@ configs (no weights), small enough that the computing run takes seconds.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from simulated_device import simulated
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -25,23 +25,12 @@ transformers = pytest.importorskip("transformers")
 Run = Callable[[SimBackend], None]
 
 
-@contextlib.contextmanager
-def _simulated(computing: bool) -> Iterator[SimBackend]:
-    backend = SimBackend()
-    backend.use_values(computing)
-    backend.begin_test()
-    try:
-        yield backend
-    finally:
-        backend.end_test()
-
-
 def peaks(run: Run) -> tuple[int, int]:
     """The peak allocated bytes of ``run`` shape-only and computing."""
     figures = []
     for computing in (False, True):
         torch.manual_seed(0)
-        with _simulated(computing) as backend:
+        with simulated(computing) as backend:
             run(backend)
             figures.append(backend.peak_allocated())
     return figures[0], figures[1]
@@ -260,10 +249,10 @@ def test_a_mask_with_padding_is_not_taken_for_all_ones() -> None:
         mask[1, :8] = 0  # a write: the mask is no longer known to be all ones
         model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
 
-    with _simulated(False) as backend, pytest.raises(RuntimeError) as raised:
+    with simulated(False) as backend, pytest.raises(RuntimeError) as raised:
         run(backend)
     assert backend.explain_error(raised.value) is not None  # it needs the mask's values
-    with _simulated(True) as backend:
+    with simulated(True) as backend:
         run(backend)
 
 
@@ -274,7 +263,7 @@ def test_transformers_imported_during_the_test_is_answered_too() -> None:
 
     saved = sys.modules.pop(fakecuda._TRANSFORMERS_IMPORT_UTILS)
     try:
-        with _simulated(False):
+        with simulated(False):
             import transformers.utils.import_utils as reimported
 
             assert reimported.is_tracing(torch.ones(2)) is False
@@ -288,7 +277,7 @@ def test_transformers_imported_during_the_test_is_answered_too() -> None:
 
 
 def test_known_values_answer_like_a_real_run() -> None:
-    with _simulated(False):
+    with simulated(False):
         mask = torch.ones(16, 4096, device="cuda", dtype=torch.long)
         assert isinstance(mask, FakeTensor)
         assert bool(mask.bool().all())
@@ -307,7 +296,7 @@ def test_known_values_answer_like_a_real_run() -> None:
 
 
 def test_normal_bounds_decide_trunc_normal_only_when_they_can() -> None:
-    with _simulated(False):
+    with simulated(False):
         weight = torch.empty(1024, 1024, device="cuda")
         nn.init.trunc_normal_(weight, std=0.02)  # bounds at 100 standard deviations
         narrow = torch.empty(1024, device="cuda").normal_()
@@ -359,7 +348,7 @@ def test_vit_builds_shape_only_with_the_real_figures() -> None:
 @pytest.mark.parametrize("computing", [False, True], ids=["shape-only", "computing"])
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "for-loop"])
 def test_adamw_step_counters_are_not_device_memory(computing: bool, foreach: bool) -> None:
-    with _simulated(computing) as backend:
+    with simulated(computing) as backend:
         with torch.device("cuda"):
             model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(100)])  # 200 tensors
         optimizer = torch.optim.AdamW(model.parameters(), foreach=foreach)

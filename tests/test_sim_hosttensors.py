@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from simulated_device import simulated as simulated_device
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -24,15 +25,11 @@ from pytest_vram.backends.sim.backend import SimBackend
 MiB = 1 << 20
 
 
-@contextlib.contextmanager
-def simulated(computing: bool = False, workspaces: bool = False) -> Iterator[SimBackend]:
-    backend = SimBackend(workspaces=workspaces, host_tensors="host")
-    backend.use_values(computing)
-    backend.begin_test()
-    try:
-        yield backend
-    finally:
-        backend.end_test()
+def simulated(
+    computing: bool = False, workspaces: bool = False
+) -> contextlib.AbstractContextManager[SimBackend]:
+    """A test on a simulated device that keeps host tensors on the host."""
+    return simulated_device(computing, workspaces=workspaces, host_tensors="host")
 
 
 @pytest.fixture(params=[False, True], ids=["shape-only", "computing"])

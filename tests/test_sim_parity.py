@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from simulated_device import simulated as simulated_device
 from torch import nn
 
 from pytest_vram.backends.sim.backend import SimBackend
@@ -25,17 +26,10 @@ from pytest_vram.backends.sim.ops import likely_redraws
 COMPUTING = [pytest.param(False, id="shape-only"), pytest.param(True, id="computing")]
 
 
-@contextmanager
-def simulated(computing: bool) -> Iterator[SimBackend]:
+def simulated(computing: bool) -> AbstractContextManager[SimBackend]:
     # As the plugin makes it: cuBLAS workspaces modelled, and a computing test counted by the
     # storage tracker, as a shape-only one is.
-    backend = SimBackend(workspaces=True)
-    backend.use_values(computing)
-    backend.begin_test()
-    try:
-        yield backend
-    finally:
-        backend.end_test()
+    return simulated_device(computing, workspaces=True)
 
 
 def both_peaks(
