@@ -264,6 +264,21 @@ def test_by_default_they_are_the_devices(pytester: pytest.Pytester) -> None:
     assert environment["sim"]["sim_host_tensors"] == "device"
 
 
+def test_baselines_recorded_with_the_other_setting_are_a_warning(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_host=SUITE)
+    pytester.runpytest("--vram-backend=sim", "--vram-update-baselines").assert_outcomes(passed=1)
+    result = pytester.runpytest("--vram-backend=sim", "--vram-sim-host-tensors=host")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  baselines/sim.yaml:1: VramWarning: the baselines in sim.yaml were measured in "
+            "another environment (sim_host_tensors device -> host); update them with*"
+        ]
+    )
+
+
 def test_an_unknown_setting_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nvram_sim_host_tensors = elsewhere\n")
     pytester.makepyfile(test_one="def test_one():\n    pass\n")

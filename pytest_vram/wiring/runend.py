@@ -27,8 +27,12 @@ from pytest_vram.written import fail_on_errors
 
 __all__ = ["RunEnd", "shown_path"]
 
-# The environment fields whose change alone can change a test's figures.
-_ENVIRONMENT_FIELDS = ("torch", "cuda", "hip", "driver", "pytest_vram", "allocator", "alloc_conf")
+# The environment fields whose change alone can change a test's figures (on the simulated
+# device, the GPU model it stands for and where it keeps host tensors, too).
+_ENVIRONMENT_FIELDS = (
+    "torch", "cuda", "hip", "driver", "pytest_vram", "allocator", "alloc_conf", "sim_gpu",
+    "sim_host_tensors",
+)  # fmt: skip
 
 
 class RunEnd:
@@ -134,8 +138,8 @@ class RunEnd:
         return notes
 
     def _environment_changes(self) -> list[tuple[Path, str]]:
-        """Baselines measured under another torch, CUDA, driver or pytest-vram: their figures
-        may differ for that reason alone."""
+        """Baselines measured under another torch, CUDA, driver, pytest-vram, allocator or
+        simulated device setting: their figures may differ for that reason alone."""
         messages = []
         for environment in self.environments.values():
             stored = self.store.files.get(environment.get("device", ""))
