@@ -147,8 +147,7 @@ class CudaRemapMode(TorchFunctionMode):
     which is all that device arguments need; for autocast it means the corrections apply to the
     functions called directly, while CPU autocast, underneath, casts everything else. With
     ``host_memory``, a context in which the device counts nothing, the factory calls that
-    ``host_scalar`` tells (an optimizer's own host tensors) run in it. With ``host``, the
-    tensors a test keeps on the host are not on the device (:class:`HostCudaRemapMode`).
+    ``host_scalar`` tells (an optimizer's own host tensors) run in it.
     """
 
     def __init__(
@@ -156,14 +155,9 @@ class CudaRemapMode(TorchFunctionMode):
         on_device: Callable[[torch.Tensor], bool] = _is_fake,
         host_memory: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         host_scalar: Callable[[Callable, tuple, dict | None], bool] | None = None,
-        host: HostTensors | None = None,
     ) -> None:
         super().__init__()
-        self._special = (
-            special_methods(on_device)
-            if host is None
-            else special_methods(_not_on(host.is_host, on_device), host.is_host)
-        )
+        self._special = special_methods(on_device)
         self._autocast = cuda_autocast_policies()
         self._host_memory = host_memory
         self._host_scalar = host_scalar if host_memory is not None else None
@@ -197,9 +191,16 @@ class HostCudaRemapMode(CudaRemapMode):
     """:class:`CudaRemapMode` where the tensors a call makes are on the host or the device as
     the call says (:mod:`~pytest_vram.backends.sim.hosttensors`)."""
 
-    def __init__(self, host: HostTensors, **options: Any) -> None:
-        super().__init__(host=host, **options)
+    def __init__(
+        self,
+        host: HostTensors,
+        on_device: Callable[[torch.Tensor], bool] = _is_fake,
+        **options: Any,
+    ) -> None:
+        super().__init__(on_device, **options)
         self._host = host
+        # A host tensor is not on the device, and .to("cpu") copies it there.
+        self._special = special_methods(_not_on(host.is_host, on_device), host.is_host)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         host = self._host.placement(func, args, kwargs)
