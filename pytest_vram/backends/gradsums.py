@@ -21,7 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+try:
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+except ImportError:  # torch before 2.7, whose sizes here are never symbolic
+    from torch._prims_common import (
+        is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
+    )
 
 __all__ = ["IN_PLACE_SCATTERS", "accumulates_in_place", "scattered_in_place"]
 

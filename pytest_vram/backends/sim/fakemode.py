@@ -33,7 +33,8 @@ from pytest_vram.backends.tracker import StorageTracker
 __all__ = ["SimFakeTensorMode", "on_device"]
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_GROUPED_MM = torch.ops.aten._grouped_mm.default
+# None before torch 2.8, which has no grouped matrix product.
+_GROUPED_MM = getattr(getattr(torch.ops.aten, "_grouped_mm", None), "default", None)
 _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _VIEW = torch.ops.aten.view.default
@@ -433,7 +434,9 @@ def _fresh_state(mode: FakeTensorMode) -> dict[str, Any] | None:
         type(made_here) is type(made)
         and made_here.__dict__ == made.__dict__
         and all(value is None for value in state.values())
-        and torch._C._dispatch_keys(made_here) == torch._C._dispatch_keys(made)
+        # Compared as numbers: torch 2.6's key sets have no ``==`` of their own.
+        and torch._C._dispatch_keys(made_here).raw_repr()
+        == torch._C._dispatch_keys(made).raw_repr()
         and made_here.requires_grad == made.requires_grad
         and made_here.fake_device == made.fake_device
     )
