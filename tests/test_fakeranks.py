@@ -8,6 +8,7 @@ pytest through pytester.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,30 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def cpu_flash_attention_has_gqa() -> bool:
+    """Whether torch's CPU flash attention takes grouped-query attention, as a GPU's does: the
+    simulated device's attention runs on the CPU kernels."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    query, key = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
+    with warnings.catch_warnings(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        warnings.simplefilter("ignore")
+        try:
+            nn.functional.scaled_dot_product_attention(query, key, key, enable_gqa=True)
+        except RuntimeError:
+            return False
+    return True
+
+
+# The small GPT's attention is grouped-query: where the simulated device runs it on the math
+# kernel, its attention matrices leave the allocator other blocks to round the states into.
+needs_gqa_flash_attention = pytest.mark.skipif(
+    not cpu_flash_attention_has_gqa(),
+    reason=f"torch {torch.__version__}'s CPU flash attention has no grouped-query attention "
+    "(enable_gqa): the simulated device runs it on the math kernel, which a GPU would not",
+)
+
+
 # -- the process group and what is patched ----------------------------------------------------
 
 
@@ -81,6 +106,39 @@ def test_a_mesh_tensor_made_on_the_simulated_device_is_refused_with_a_reason() -
         device_mesh.DeviceMesh("cuda", torch.arange(2))
     with ranks(2):
         assert device_mesh.DeviceMesh("cuda", [0, 1]).size() == 2
+
+
+def test_cpu_streams_record_and_wait_for_events_as_fsdp2_asks_and_are_put_back() -> None:
+    stream_class, default = torch.cpu.Stream, torch.cpu.current_stream()
+    with ranks(2):
+        stream = torch.cpu.Stream()
+        with torch.cpu.stream(stream):
+            stream.wait_event(stream.record_event())
+        current = torch.cpu.current_stream()
+        current.wait_event(current.record_event())
+        current.wait_stream(stream)
+    assert torch.cpu.Stream is stream_class
+    assert torch.cpu.current_stream() is default
+
+
+def test_collectives_and_point_to_point_messages_complete_at_once_and_allocate_nothing() -> None:
+    with ranks(4) as sim:
+        tensor = torch.empty(MiB, device="cuda")
+        gathered = torch.empty(4 * MiB, device="cuda")
+        # Torch 2.6 keeps the last barrier's one-byte tensor until the next barrier, as on a GPU.
+        dist.barrier()
+        before = sim.allocated()
+        dist.broadcast(tensor, 0)
+        dist.all_reduce(tensor)
+        # Newer names first: torch 2.13 deprecates the older ones.
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(gathered, tensor)
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(tensor, gathered)
+        dist.send(tensor, 1)
+        assert dist.recv(tensor, 1) == 1
+        dist.isend(tensor, 2).wait()
+        dist.barrier()
+        assert sim.allocated() == before
+        assert sim.counted(tensor) and tensor.shape == (MiB,)
 
 
 def test_a_group_made_before_the_test_is_refused() -> None:
@@ -346,7 +404,7 @@ def model_states(world_size: int, mp_policy: object = None) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 8])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=needs_gqa_flash_attention), 8])
 def test_model_states_per_rank_equal_the_estimators_zero3_breakdown(world_size: int) -> None:
     assert parameter_count(GPT(SMALL_GPT)) == estimate(config=SMALL_QWEN).parameters
     measured = model_states(world_size)
@@ -357,6 +415,7 @@ def test_model_states_per_rank_equal_the_estimators_zero3_breakdown(world_size: 
 
 
 @pytest.mark.slow
+@needs_gqa_flash_attention
 def test_mixed_precision_model_states_total_the_estimators_bf16_figure() -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

@@ -23,8 +23,16 @@ from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedS
 from pytest_vram.backends.sim.backend import SimBackend
 from pytest_vram.backends.sim.ranks import SimulatedRanks, _strided_flag_once
 
-ORIGINAL = _sharding_prop._propagate_use_strided_shard_flag
-TORCH_EXPAND = _sharding_prop._expand_single_dim_strategy_to_mesh
+ORIGINAL = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
+TORCH_EXPAND = getattr(_sharding_prop, "_expand_single_dim_strategy_to_mesh", None)
+needs_strided_flag = pytest.mark.skipif(
+    ORIGINAL is None,
+    reason=f"torch {torch.__version__}'s DTensor settles no _StridedShard order flag",
+)
+needs_single_dim_expansion = pytest.mark.skipif(
+    TORCH_EXPAND is None,
+    reason=f"torch {torch.__version__}'s DTensor expands no single-dim strategies",
+)
 
 
 def spec(strided: bool, flag: bool) -> SimpleNamespace:
@@ -73,6 +81,7 @@ ARGUMENTS = [
 ]
 
 
+@needs_strided_flag
 @pytest.mark.parametrize("arguments", ARGUMENTS)
 def test_the_flag_is_settled_as_torch_settles_it(arguments: list[SimpleNamespace]) -> None:
     theirs, ours = strategy(2), strategy(2)
@@ -81,6 +90,7 @@ def test_the_flag_is_settled_as_torch_settles_it(arguments: list[SimpleNamespace
     assert flags(ours) == flags(theirs)
 
 
+@needs_strided_flag
 def test_a_foreach_op_reads_its_argument_specs_once_under_simulated_ranks() -> None:
     group = SimulatedRanks(2, SimBackend())
     group.start()
@@ -144,6 +154,7 @@ def test_an_optimizer_step_over_tensor_parallel_fsdp_shards_runs_under_simulated
         assert moments.to_local().shape == model[0].weight.to_local().shape == (16, 64)
 
 
+@needs_single_dim_expansion
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
 def test_a_foreach_op_expands_each_kind_of_tensor_once_into_torchs_strategies(
     monkeypatch: pytest.MonkeyPatch,

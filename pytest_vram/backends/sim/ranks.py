@@ -12,7 +12,11 @@ While the test runs, these are patched and put back, object for object (a
 - ``DeviceMesh``: its rank bookkeeping is plain integer tensors, which FakeTensorMode would
   make fake (and then fail to read); its methods run with the fake mode unset. A mesh of the
   virtual CUDA device is a ``cpu`` mesh, since the simulated device's tensors are fake ``cpu``
-  tensors and FSDP2 and DTensor check that a mesh and its tensors agree.
+  tensors and FSDP2 and DTensor check that a mesh and its tensors agree. Torch 2.6's
+  ``init_device_mesh`` makes its mesh tensor under the fake mode: it is made again.
+- ``torch.cpu``'s streams, where they have no ``record_event`` (torch 2.6): FSDP2 records and
+  waits for events on a ``cpu`` mesh's streams; the stream put in their place waits for
+  nothing, as later torch's does.
 - ``UntypedStorage.resize_``: FSDP2 frees and refills its unsharded parameters by resizing
   their storages, which dispatches no op; the tracker is told the new size.
 - DTensor's sharding propagation: it runs each op once more on global-shape fake tensors to
@@ -35,6 +39,9 @@ While the test runs, these are patched and put back, object for object (a
   without ``input_args`` and ``output_args`` needs its neighbours' shapes at run time, which
   the fake group cannot deliver.
 
+The c10d collectives get meta kernels where torch has none (torch 2.6), as later torch
+registers them on import: each completes at once, and they stay registered, as torch's do.
+
 Imported only when such a test runs: it imports torch.distributed.
 """
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -120,14 +128,26 @@ def _mesh_init(original: Callable[..., Any]) -> Callable[..., Any]:
                 kwargs["_rank_map"] = torch.arange(rank_map.numel(), dtype=rank_map.dtype)
             mesh = kwargs.get("mesh", args[0] if args else None)
             if isinstance(mesh, FakeTensor):
-                raise ValueError(
-                    "DeviceMesh(device_type, mesh): the mesh tensor was made on the simulated "
-                    "device and has no values; pass the ranks as a list, or use "
-                    "init_device_mesh"
-                )
+                if not _called_by(device_mesh.init_device_mesh):
+                    raise ValueError(
+                        "DeviceMesh(device_type, mesh): the mesh tensor was made on the "
+                        "simulated device and has no values; pass the ranks as a list, or use "
+                        "init_device_mesh"
+                    )
+                # Torch 2.6's init_device_mesh made its identity mesh under the fake mode.
+                identity = torch.arange(mesh.numel(), dtype=mesh.dtype).view(mesh.shape)
+                if "mesh" in kwargs:
+                    kwargs["mesh"] = identity
+                else:
+                    args = (identity, *args[1:])
             original(self, device_type, *args, **kwargs)
 
     return __init__
+
+
+def _called_by(function: Callable[..., Any]) -> bool:
+    """Whether the caller of the function that asks is ``function``."""
+    return sys._getframe(2).f_code is getattr(function, "__code__", None)
 
 
 def _mesh_replacements() -> Iterator[tuple[str, Any]]:
@@ -181,6 +201,74 @@ def _pipeline_warmup(original: Callable[..., Any]) -> Callable[..., Any]:
         return None
 
     return _warmup_p2p
+
+
+class _CpuStream(torch.cpu.Stream):
+    """``torch.cpu.Stream`` with the event methods FSDP2 calls on a ``cpu`` mesh's streams;
+    torch 2.6's has neither, and later ones record and wait for nothing, as here."""
+
+    def record_event(self) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+
+# The c10d collectives later torch gives meta kernels (torch.distributed._meta_registrations):
+# those that return their tensors with their work, those that return the work alone, and the one
+# that returns nothing.
+_RETURN_TENSORS = (
+    "broadcast_",
+    "allreduce_",
+    "allgather_",
+    "_allgather_base_",
+    "reduce_scatter_",
+    "_reduce_scatter_base_",
+    "scatter_",
+    "alltoall_",
+)
+_RETURN_WORK = (
+    "reduce_",
+    "gather_",
+    "alltoall_base_",
+    "barrier",
+    "send",
+    "recv_",
+    "recv_any_source_",
+)
+_RETURN_NOTHING = ("monitored_barrier_",)
+
+
+def _completed_work() -> Any:
+    """A c10d work that is done: the fake group's collectives complete at once."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(None)
+    return _create_work_from_future(future).boxed()
+
+
+@functools.cache
+def _register_collective_metas() -> torch.library.Library | None:
+    """Meta kernels, as later torch's, for the c10d collectives that have none (torch 2.6):
+    without them a collective on the simulated device's fake tensors fails. The library is
+    kept (cached): its registrations go with it."""
+    kernels: dict[str, Callable[..., Any]] = {
+        **dict.fromkeys(_RETURN_TENSORS, lambda *args: (args[0], _completed_work())),
+        **dict.fromkeys(_RETURN_WORK, lambda *args: _completed_work()),
+        **dict.fromkeys(_RETURN_NOTHING, lambda *args: None),
+    }
+    missing = {
+        name: kernel
+        for name, kernel in kernels.items()
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"c10d::{name}", "Meta")
+    }
+    if not missing:
+        return None
+    library = torch.library.Library("c10d", "IMPL")
+    for name, kernel in missing.items():
+        library.impl(name, kernel, "Meta")
+    return library
 
 
 class _ArgsSpec:
@@ -392,6 +480,12 @@ class SimulatedRanks:
         for name, value in list(_mesh_replacements()):
             patches.shadow(cls, name, value)
         patches.shadow(torch.UntypedStorage, "resize_", self._storage_resize())
+        if not hasattr(torch.cpu.Stream, "record_event"):
+            stream = _CpuStream()
+            patches.replace(torch.cpu, "Stream", _CpuStream)
+            patches.replace(torch.cpu, "_default_cpu_stream", stream)
+            patches.replace(torch.cpu, "_current_stream", stream)
+        _register_collective_metas()
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
         from torch.nn.parallel import DistributedDataParallel as DDP
 
