@@ -94,3 +94,25 @@ def test_nothing_is_done_once_dynamo_is_imported() -> None:
         """
     )
     assert out.split() == ["False", "True"]
+
+
+# Another interpreter that imports torch._dynamo (seconds).
+@pytest.mark.slow
+def test_compile_after_the_config_alone_imports_dynamo_with_it() -> None:
+    out = run_python(
+        """
+        import sys
+        import torch
+        from pytest_vram.backends.sim.dynamoconfig import load_config_alone
+
+        print(load_config_alone())
+        config = sys.modules["torch._dynamo.config"]
+        import torch._dynamo
+
+        print(torch._dynamo.config is config)
+        print(any("dynamoconfig" in type(finder).__module__ for finder in sys.meta_path))
+        compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+        print(compiled(torch.ones(3)).tolist())
+        """
+    )
+    assert out.split("\n")[:4] == ["True", "True", "False", "[3.0, 3.0, 3.0]"]
