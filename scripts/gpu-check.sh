@@ -57,12 +57,19 @@ seconds() {  # milliseconds as seconds with one decimal
 
 prepare() {
     local py=${PYTHON:-python3} wheels=${GPU_CHECK_WHEELS:-$root/.whl} src isolation=() version
+    local needed
     src=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-src.XXXXXX")
     # Built from a copy: an in-tree build reuses build/, whose stale files would enter the wheel.
     tar -C "$root" --exclude=__pycache__ -cf - pyproject.toml README.md pytest_vram |
         tar -C "$src" -xf - || { rm -rf "$src"; return 1; }
-    # The setuptools already here, rather than one fetched into an isolated build environment.
-    if "$py" -c 'import setuptools' 2>/dev/null; then isolation=(--no-build-isolation); fi
+    # The setuptools already here, rather than one fetched into an isolated build environment,
+    # when it is as new as pyproject.toml requires: an older one (Python 3.10's and 3.11's
+    # ensurepip bring 65) rejects the SPDX license string.
+    needed=$(sed -n 's/^requires = \["setuptools>=\([0-9]*\).*/\1/p' "$root/pyproject.toml")
+    if "$py" -c "import setuptools as s, sys; sys.exit(int(s.__version__.split('.')[0])<$needed)" \
+        2>/dev/null; then
+        isolation=(--no-build-isolation)
+    fi
     mkdir -p "$wheels" && rm -f "$wheels"/*.whl
     "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps "${isolation[@]}" \
         --wheel-dir "$wheels" "$src" || { rm -rf "$src"; return 1; }

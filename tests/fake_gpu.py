@@ -45,6 +45,9 @@ DEVICE_ASSERT = (
     "stacktrace below might be incorrect.\n"
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1"
 )
+#: What torch raises for a CUDA error: torch.AcceleratorError (a RuntimeError) since torch
+#: 2.8, a plain RuntimeError before.
+CudaError: type[RuntimeError] = getattr(torch, "AcceleratorError", RuntimeError)
 
 
 def gpu(
@@ -129,7 +132,7 @@ class FakeAllocator:
         """A call that reaches the device: it makes the context, and fails once it is lost."""
         index = self.current if index is None else index
         if self.lost is not None:
-            raise torch.AcceleratorError(self.lost)
+            raise CudaError(self.lost)
         self.contexts.add(index)
         return index
 
@@ -210,7 +213,7 @@ class FakeAllocator:
     def set_device(self, device: Any) -> None:
         index = self.seen(device)
         if index >= len(self.gpus):
-            raise torch.AcceleratorError("CUDA error: invalid device ordinal")
+            raise CudaError("CUDA error: invalid device ordinal")
         self.device_call(index)  # CUDA 12 makes the context here
         self.set_device_calls.append(index)
         self.current = index

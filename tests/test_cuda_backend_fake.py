@@ -21,6 +21,7 @@ from fake_gpu import (
     DRIVER_RESERVE,
     H100,
     UUID,
+    CudaError,
     FakeAllocator,
     FakeNvml,
     GiB,
@@ -600,16 +601,16 @@ def test_fake_cuda_nvml_without_the_gpu_leaves_the_device_figure_unchecked(
 
 
 def test_fake_cuda_device_side_assert_is_a_lost_context() -> None:
-    assert context_lost(torch.AcceleratorError(DEVICE_ASSERT))
+    assert context_lost(CudaError(DEVICE_ASSERT))
     assert context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
     try:
         try:
-            raise torch.AcceleratorError(DEVICE_ASSERT)
+            raise CudaError(DEVICE_ASSERT)
         except RuntimeError as exc:
             raise ValueError("while reading the loss") from exc
     except ValueError as wrapped:
         assert context_lost(wrapped)
-    assert not context_lost(torch.AcceleratorError("CUDA error: invalid argument"))
+    assert not context_lost(CudaError("CUDA error: invalid argument"))
     assert not context_lost(torch.cuda.OutOfMemoryError("CUDA out of memory."))
 
 
