@@ -68,6 +68,38 @@ def test_a_gradient_from_two_places_is_summed_in_place(computing: bool) -> None:
         assert torch.cuda.memory_allocated() - before == w.nbytes  # w.grad
 
 
+def _engine_sums(a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    """The adds torch's autograd engine runs for the graph below, on real CPU tensors, as its
+    profiler records them: no dispatch mode, which would change what the engine decides."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(1024, 256, requires_grad=True)
+    h = x * 1
+    loss = (h.t() * a).sum() + (h.t() * b).sum()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        loss.backward()
+    return [event.name for event in profiler.events() if event.name.startswith("aten::add")]
+
+
+@pytest.mark.parametrize("computing", COMPUTING)
+def test_a_gradient_that_is_a_view_is_summed_out_of_place(computing: bool) -> None:
+    # h's two gradients are views (the transposes of two products): each view's base holds
+    # its storage too, so the engine adds them out of place, a third buffer, as torch does.
+    # A linear layer's input gradient is such a view, and so is an einsum's.
+    assert _engine_sums(torch.ones(256, 1024), torch.ones(256, 1024)) == ["aten::add"]
+    with simulated(computing):
+        x = torch.randn(1024, 256, device="cuda", requires_grad=True)  # 1 MiB
+        a = torch.randn(256, 1024, device="cuda")
+        b = torch.randn(256, 1024, device="cuda")
+        h = x * 1
+        loss = (h.t() * a).sum() + (h.t() * b).sum()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss.backward()
+        assert torch.cuda.max_memory_allocated() - before == 512 + 3 * x.nbytes
+        assert torch.cuda.memory_allocated() - before == x.nbytes  # x.grad
+
+
 @pytest.mark.parametrize("computing", COMPUTING)
 def test_a_gradient_sum_that_is_differentiated_stays_out_of_place(computing: bool) -> None:
     # With create_graph, grad mode is on in the backward, and the engine adds out of place.

@@ -3,7 +3,9 @@
 When a tensor's gradient arrives from two places (a residual stream, tied embeddings, a tensor
 used twice), the engine adds the second into the first in place (``old.add_(new)``,
 ``InputBuffer::accumulate`` in ``torch/csrc/autograd/input_buffer.cpp``) when it holds the only
-reference to a dense tensor and its storage, which is the case in a CUDA run; for any tensor
+reference to a dense tensor and its storage, which is the case in a CUDA run unless the first
+gradient is a view (a linear layer's or an einsum's input gradient), whose base holds the
+storage too; for any tensor
 subclass, a fake tensor included, and for a storage that a counting record keeps a second
 reference to (the tracker's), it adds out of place, a new buffer the size of the gradient each
 time. :func:`accumulates_in_place` tells the engine's sums apart, so that the counting modes
@@ -43,8 +45,8 @@ def accumulates_in_place(func: Any, args: tuple, kwargs: dict | None, caller: An
     summing two gradients that a CUDA run sums in place, into ``args[0]``.
 
     As the engine decides for a tensor nothing else holds: grad mode off (no
-    ``create_graph``), the first gradient a dense tensor that owns its storage and is
-    referenced no more than the second (the engine's buffer holds the only reference; a
+    ``create_graph``), the first gradient a dense tensor, not a view, that owns its storage
+    and is referenced no more than the second (the engine's buffer holds the only reference; a
     gradient handed to two inputs at once is referenced twice), both of the same shape, dtype
     and device, and of one kind (fake, or real).
     """
@@ -66,6 +68,8 @@ def accumulates_in_place(func: Any, args: tuple, kwargs: dict | None, caller: An
         return False
     return (
         whole
+        # A view's base holds its storage too: the engine sums a view out of place.
+        and not old._is_view()
         and is_non_overlapping_and_dense_or_false(old)
         and old._use_count() <= new._use_count()
     )
