@@ -43,6 +43,11 @@ the repository root::
 
 The simulated device runs with ``--vram-sim-host-tensors=host`` unless told otherwise: the
 assignment's ``Linear`` makes its weight on the host, and ``model.to("cuda")`` copies it.
+
+The traces were made with torch 2.6.0, and the simulated device runs the torch it is installed
+with: run the script under torch 2.6.0 (PyPI's build runs on the CPU) to compare like with
+like. Under a later torch the training steps differ by what that torch does differently (its
+einsum's weight gradients are transposed, and ``AccumulateGrad`` copies them; docs/sim.md).
 """
 
 from __future__ import annotations
