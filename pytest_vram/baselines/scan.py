@@ -43,8 +43,11 @@ _REFUSED = ("\t", "\r", "\x7f")
 # would read as the figure and YAML refuses). Or, in group `other`, the start of an entry whose
 # node id is quoted, starts with anything but a letter, `_` or `/` (`-x`, `1:20`), or is a long
 # one folded over lines: those are read by the careful reader.
+# (No possessive quantifiers: Python 3.10 has none. A key line's `? ` is taken whole: a `?` may
+# start an entry alone only where no space follows it.)
 _LINE_START = re.compile(
-    r"\n(?:  (?P<other>\? [^\n]*+\n(?!  : )|(?:\? )?+[^ :A-Za-z_/])|[^ \n]| [^ ]|   [^ ])"
+    r"\n(?:  (?P<other>\? [^\n]*\n(?!  : )|\? [^ :A-Za-z_/]|(?!\? )[^ :A-Za-z_/])"
+    r"|[^ \n]| [^ ]|   [^ ])"
 )
 # A figure that is not a whole number >= 0 in decimal: true, null, -1, 0x10, [1], ...
 _NOT_DECIMAL = re.compile(r": [^0-9]")
