@@ -214,6 +214,29 @@ def test_benchmark_autosave_and_compare_carry_the_figures(pytester: pytest.Pytes
     assert "test_fixture" in compare.stdout
 
 
+def test_benchmark_integration_under_xdist(pytester: pytest.Pytester) -> None:
+    # The xdist controller collects nothing (pytest 7 gives its session no ``items``); the
+    # workers measure, and pytest-benchmark turns its timing off there.
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_measured(vram):
+            torch.ones(1024, device=vram.device)
+
+        def test_timed(benchmark):
+            benchmark(lambda: None)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "xdist", "-n", "2", "--vram-backend=sim", "--vram-report", *QUICK
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_measured*sim*4.00 KiB*"])
+
+
 def test_benchmark_integration_registered_only_for_benchmark_tests(
     pytester: pytest.Pytester,
 ) -> None:

@@ -134,8 +134,10 @@ class BenchmarkMemory:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
         # Without a test that uses the benchmark fixture, the other tests pay nothing for
-        # this plugin's hooks.
-        if any("benchmark" in getattr(item, "fixturenames", ()) for item in session.items):
+        # this plugin's hooks. (An xdist controller collects nothing: pytest 7 gives its
+        # session no ``items``.)
+        items = getattr(session, "items", ())
+        if any("benchmark" in getattr(item, "fixturenames", ()) for item in items):
             return
         session.config.pluginmanager.unregister(self)
 
