@@ -101,6 +101,25 @@ def mixtral() -> Run:
     return _decoder(_mixtral_config(), transformers.MixtralForCausalLM)
 
 
+def skip_if_the_experts_need_values() -> None:
+    """Skip where Mixtral's backward reads values: on a torch without ``_grouped_mm`` (before
+    2.8), older transformers run the experts' backward one expert at a time after
+    ``offs.tolist()``, which a shape-only run cannot answer (a user's test computes then)."""
+    if hasattr(torch.ops.aten, "_grouped_mm"):
+        return
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return
+    if hasattr(moe, "_grouped_mm_fallback") and not hasattr(
+        moe, "_grouped_mm_fallback_backward_fake"
+    ):
+        pytest.skip(
+            f"transformers {transformers.__version__} on torch {torch.__version__}: Mixtral's "
+            "experts read their offsets in the backward"
+        )
+
+
 def bert() -> Run:
     config = transformers.BertConfig(
         vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -190,6 +209,8 @@ _HEAVY = {"t5", "mixtral"}
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in _HEAVY else n for n in PANEL]
 )
 def test_shape_only_agrees_with_a_computing_run(name: str) -> None:
+    if name == "mixtral":
+        skip_if_the_experts_need_values()
     assert_agrees(PANEL[name]())
 
 
@@ -311,6 +332,7 @@ def test_normal_bounds_decide_trunc_normal_only_when_they_can() -> None:
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
 def test_mixtral_grouped_experts_run_shape_only(autocast: bool) -> None:
+    skip_if_the_experts_need_values()
     config = _mixtral_config()
 
     def run(backend: SimBackend) -> None:

@@ -314,8 +314,10 @@ def test_the_issue_lm_step_gives_one_figure(tied: bool, built: str) -> None:
                                   "convnet"])  # fmt: skip
 def test_the_panel_gives_one_figure_in_training_steps(name: str) -> None:
     pytest.importorskip("transformers")
-    from test_sim_fidelity import PANEL, peaks
+    from test_sim_fidelity import PANEL, peaks, skip_if_the_experts_need_values
 
+    if name == "mixtral":
+        skip_if_the_experts_need_values()
     shape_only, computed = peaks(PANEL[name]())
     assert shape_only == computed
 
