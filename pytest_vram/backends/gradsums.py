@@ -59,6 +59,8 @@ def accumulates_in_place(func: Any, args: tuple, kwargs: dict | None, caller: An
         return False
     if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
         return False
+    if old._is_view():  # its base holds the storage too: the engine sums it out of place
+        return False
     try:
         whole = (
             old.storage_offset() == 0
@@ -68,8 +70,6 @@ def accumulates_in_place(func: Any, args: tuple, kwargs: dict | None, caller: An
         return False
     return (
         whole
-        # A view's base holds its storage too: the engine sums a view out of place.
-        and not old._is_view()
         and is_non_overlapping_and_dense_or_false(old)
         and old._use_count() <= new._use_count()
     )
