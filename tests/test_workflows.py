@@ -59,8 +59,13 @@ def _pytest_commands(workflow: dict[str, Any]) -> list[list[str]]:
     return commands
 
 
-def test_all_three_workflows_exist() -> None:
-    assert {path.name for path in FILES} >= {"cpu.yml", "gpu.yml", "update-baselines.yml"}
+def test_all_workflows_exist() -> None:
+    assert {path.name for path in FILES} >= {
+        "cpu.yml",
+        "gpu.yml",
+        "update-baselines.yml",
+        "release.yml",
+    }
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -94,6 +99,12 @@ NODE24_MAJORS = {
     "mikepenz/action-junit-report": 6,
     "peter-evans/create-pull-request": 8,
 }
+# Actions that run no Node (composite or Docker actions), with the first major accepted.
+OTHER_ACTIONS = {
+    # PyPI's trusted publishing (release.yml)
+    "pypa/gh-action-pypi-publish": 1,
+}
+KNOWN_ACTIONS = {**NODE24_MAJORS, **OTHER_ACTIONS}
 _PINNED = re.compile(r"uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # v(\d+)\.(\d+)\.(\d+)$")
 ALL_FILES = sorted(FILES + sorted((ROOT / "docs" / "workflows").glob("*.yml")))
 
@@ -113,8 +124,8 @@ def test_actions_are_pinned_to_a_commit_of_a_node24_release(path: Path) -> None:
         # A tag can be moved to other code; a commit cannot.
         assert match, f"{path.name}: {line!r} is not `uses: OWNER/NAME@<commit> # vX.Y.Z`"
         action, major = match.group(1), int(match.group(3))
-        assert action in NODE24_MAJORS, f"{path.name}: {action} is not a known action"
-        assert major >= NODE24_MAJORS[action], f"{path.name}: {line} runs on Node 20 or older"
+        assert action in KNOWN_ACTIONS, f"{path.name}: {action} is not a known action"
+        assert major >= KNOWN_ACTIONS[action], f"{path.name}: {line} runs on Node 20 or older"
 
 
 def test_each_action_is_pinned_to_one_release_everywhere() -> None:
@@ -123,7 +134,7 @@ def test_each_action_is_pinned_to_one_release_everywhere() -> None:
         for line in _uses_lines(path):
             action, _, pin = line.removeprefix("uses: ").partition("@")
             pins.setdefault(action, set()).add(pin)
-    assert len(pins) == len(NODE24_MAJORS)
+    assert set(pins) == set(KNOWN_ACTIONS)
     assert all(len(versions) == 1 for versions in pins.values()), pins
 
 
@@ -274,6 +285,65 @@ def test_update_baselines_workflow() -> None:
     )
     assert download < open_pr
     assert steps[open_pr]["with"]["add-paths"].rstrip("/") == "baselines"
+
+
+def test_release_workflow() -> None:
+    workflow = _load("release.yml")
+    assert _triggers(workflow) == {"push": {"tags": ["v*"]}}
+    build, pypi, release = (workflow["jobs"][n] for n in ("build", "pypi", "github-release"))
+    # Built once, by the job that holds no write permission; the others publish those files.
+    assert build["permissions"] == {"contents": "read"}
+    runs = _job_runs(build)
+    assert runs.index("python -m build") < next(i for i, r in enumerate(runs) if "twine ch" in r)
+    check = next(s for s in build["steps"] if "release.py check" in s.get("run", ""))
+    assert "twine check --strict dist/*" in check["run"]
+    assert 'python scripts/release.py check dist --tag "$TAG"' in check["run"]
+    assert 'python scripts/release.py notes --tag "$TAG" > notes.md' in check["run"]
+    # The version comes from the tag that triggered the run, through the environment.
+    assert check["env"] == {"TAG": "${{ github.ref_name }}"}
+    kept = {
+        s["with"]["name"]: s["with"]["path"]
+        for s in build["steps"]
+        if "upload" in s.get("uses", "")
+    }
+    assert kept == {"dist": "dist/", "notes": "notes.md"}
+    for job in (pypi, release):
+        assert not any("build" in run or "pip install" in run for run in _job_runs(job))
+        fetched = [s for s in job["steps"] if "download-artifact" in s.get("uses", "")]
+        assert fetched[0]["with"] == {"name": "dist", "path": "dist"}
+    # Trusted publishing: an OIDC token and nothing else, no password, no secret anywhere.
+    assert pypi["needs"] == "build"
+    assert pypi["permissions"] == {"id-token": "write"}
+    assert pypi["environment"]["name"] == "pypi"
+    (publish,) = [s for s in pypi["steps"] if "gh-action-pypi-publish" in s.get("uses", "")]
+    assert "with" not in publish
+    assert "secrets." not in (WORKFLOWS / "release.yml").read_text(encoding="utf-8")
+    assert release["needs"] == "pypi"
+    assert release["permissions"] == {"contents": "write"}
+    (make,) = _job_runs(release)
+    assert make.startswith('gh release create "$TAG" dist/* --verify-tag')
+    assert "--notes-file notes.md" in make
+
+
+def test_dependabot_updates_the_actions_and_the_python_dependencies() -> None:
+    path = ROOT / ".github" / "dependabot.yml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert config["version"] == 2
+    updates = {update["package-ecosystem"]: update for update in config["updates"]}
+    assert set(updates) == {"github-actions", "pip"}
+    for update in updates.values():
+        assert update["directory"] == "/"
+        assert update["schedule"]["interval"] in ("daily", "weekly", "monthly")
+    # Its schema, where check-jsonschema (a test extra) is installed: it carries a copy.
+    scripts = Path(sysconfig.get_path("scripts"))
+    checker = shutil.which("check-jsonschema", path=str(scripts)) or shutil.which(
+        "check-jsonschema"
+    )
+    if checker is None:
+        pytest.skip("check-jsonschema is not installed: pip install -e '.[test]'")
+    command = [checker, "--builtin-schema", "vendor.dependabot", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_cpu_workflow_runs_the_suites_from_the_built_wheel() -> None:
