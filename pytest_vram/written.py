@@ -7,12 +7,21 @@ caller reads :attr:`Written.errors` to fail the run without a traceback.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-__all__ = ["Written", "fail_on_errors", "reason_of", "shown_path"]
+__all__ = [
+    "Written",
+    "fail_on_errors",
+    "file_problem",
+    "probe_directory",
+    "reason_of",
+    "shown_path",
+]
 
 
 @dataclass
@@ -56,3 +65,38 @@ def shown_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def file_problem(path: Path, append: bool = False) -> str | None:
+    """Why a file could not be written at ``path``, or None: checked before the work that
+    makes it, so that a long run does not end without its output."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists():
+        try:
+            # Opening to append changes nothing in the file, and proves it can be written.
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            return reason_of(exc)
+        return None
+    return probe_directory(path.parent)
+
+
+def probe_directory(directory: Path) -> str | None:
+    """Create and remove a file in ``directory``, or in the nearest ancestor that exists when
+    it does not (it would be made); the one check that the operating system agrees with."""
+    existing = directory
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".pytest-vram-probe-", dir=existing)
+    except OSError as exc:
+        return reason_of(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None

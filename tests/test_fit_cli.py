@@ -125,3 +125,103 @@ def test_input_it_cannot_use_is_an_error_naming_it(
     status, _, err = run(capsys, *args)
     assert status == 2
     assert message in err and "Traceback" not in err
+
+
+NOISY = """
+import torch
+
+print("imported: chatty")
+
+
+def build(layout):
+    print("building", layout.dtype)
+    model = torch.nn.Linear(64, 64).to("cuda")
+
+    def step(batch):
+        print("step of", batch)
+        model(torch.randn(batch, 64, device="cuda")).sum().backward()
+
+    return step
+
+
+def not_a_step(layout):
+    return 42
+"""
+
+
+@pytest.fixture
+def chatty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "fit_chatty_h43.py").write_text(NOISY)
+    monkeypatch.chdir(tmp_path)
+    yield "fit_chatty_h43"
+    sys.modules.pop("fit_chatty_h43", None)
+
+
+def test_what_the_builder_prints_goes_to_stderr_and_the_json_stays_json(
+    chatty: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(
+        capsys, "--build", f"{chatty}:build", "--capacity", "1MiB", "--max-batch", "4", "--json"
+    )
+    assert status == 0
+    assert json.loads(out)["layouts"][0]["label"] == "bf16, 1 GPU"
+    assert "imported: chatty" in err and "building bf16" in err and "step of 1" in err
+
+
+@pytest.mark.slow
+def test_two_layouts_with_a_chatty_builder_give_one_json_object(chatty: str, capfd) -> None:
+    status = main(
+        ["fit", "--build", f"{chatty}:build", "--capacity", "1MiB", "--max-batch", "4",
+         "--dtype", "fp32", "bf16", "--json"]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert status == 0, err
+    assert [layout["label"] for layout in json.loads(out)["layouts"]] == [
+        "fp32, 1 GPU",
+        "bf16, 1 GPU",
+    ]
+    assert "building fp32" in err and "building bf16" in err
+
+
+@pytest.mark.parametrize("where", ["directory", "below a file"])
+def test_an_html_path_that_cannot_be_written_is_refused_before_the_search(
+    chatty: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str
+) -> None:
+    if where == "directory":
+        path = tmp_path / "pages"
+        path.mkdir()
+        reason = "it is a directory"
+    else:
+        (tmp_path / "plain").write_text("")
+        path = tmp_path / "plain" / "fit.html"
+        reason = "is a file, not a directory"
+    status, out, err = run(capsys, "--build", f"{chatty}:build", "--html", str(path))
+    assert status == 2 and out == ""
+    assert f"--html {path}: cannot write the page there: " in err and reason in err
+    assert "Traceback" not in err
+    assert chatty not in sys.modules  # nothing ran: not even the builder's import
+
+
+def test_a_builder_that_returns_no_step_is_an_error_naming_it(
+    chatty: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(capsys, "--build", f"{chatty}:not_a_step", "--capacity", "1MiB")
+    assert status == 2
+    (line,) = [line for line in err.splitlines() if line.startswith("pytest-vram: error")]
+    assert line == (
+        f"pytest-vram: error: --build {chatty}:not_a_step: it returned 42 (int), not a step: "
+        "return step(batch), a function that runs one training step on batch sequences"
+    )
+
+
+def test_a_builder_module_with_a_syntax_error_is_an_error_naming_its_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "fit_broken_h43.py").write_text("def build(layout)\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run(capsys, "--build", "fit_broken_h43:build")
+    assert status == 2 and "Traceback" not in err
+    assert err.strip() == (
+        "pytest-vram: error: --build 'fit_broken_h43:build': cannot import 'fit_broken_h43': "
+        f"expected ':' ({tmp_path / 'fit_broken_h43.py'}, line 1)"
+    )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +20,13 @@ from pytest_vram.fit.layouts import (
     FIT_RECOMPUTES,
     FIT_ZERO_STAGES,
     Layout,
+    check_step,
     config_builder,
     load_builder,
 )
 from pytest_vram.fit.table import FitTable, Row, estimated_batch, row_from_dict
 from pytest_vram.units import SizeError, parse_size
+from pytest_vram.written import file_problem, reason_of
 
 __all__ = ["DEFAULT_CAPACITIES", "add_cli_parser", "run_fit"]
 
@@ -101,6 +106,10 @@ def _positive(text: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pytest_vram.fit.render import write_html
 
+    # Checked before the search, which can take minutes.
+    problem = None if args.html is None else file_problem(args.html)
+    if problem:
+        raise UsageError(f"--html {args.html}: cannot write the page there: {problem}")
     capacities = list(args.capacity or DEFAULT_CAPACITIES)
     zeros = args.zero or [3 if args.gpus > 1 else 0]
     if args.gpus == 1 and any(zero for zero in zeros):
@@ -109,32 +118,61 @@ def _run(args: argparse.Namespace) -> int:
         Layout(dtype, recompute, zero, args.gpus, args.tp, args.seq)
         for dtype, recompute, zero in itertools.product(args.dtype, args.recompute, zeros)
     ]
-    if args.config:
-        from pytest_vram.estimate import load_config
-
-        config = load_config(args.config)
-        builder = config_builder(config, args.config)
-    else:
-        config = None
-        builder = load_builder(args.build)
     progress = None if args.json else _progress
-    if len(layouts) > 1:
-        # A process each: what one model's run leaves in torch's and transformers' caches
-        # (known values, dispatch caches) must not change how the next one runs.
-        table = _run_apart(args, layouts, capacities, progress)
-    else:
-        table = run_fit(
-            builder, layouts, capacities, config, max_batch=args.max_batch, say=progress
-        )
-    if args.html:
-        write_html(table, args.html)
+    # What the user's code prints (the builder, the step, the libraries they call) goes to
+    # standard error: standard output holds the table or the JSON alone.
+    with _output_to_stderr():
+        if args.config:
+            from pytest_vram.estimate import load_config
+
+            config = load_config(args.config)
+            builder = config_builder(config, args.config)
+        else:
+            config = None
+            builder = load_builder(args.build)
+        if len(layouts) > 1:
+            # A process each: what one model's run leaves in torch's and transformers' caches
+            # (known values, dispatch caches) must not change how the next one runs.
+            table = _run_apart(args, layouts, capacities, progress)
+        else:
+            table = run_fit(
+                builder, layouts, capacities, config, max_batch=args.max_batch, say=progress
+            )
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
     else:
         print(table.format())
-        if args.html:
+    if args.html:
+        try:
+            write_html(table, args.html)
+        except OSError as exc:  # it turned unwritable while the search ran
+            raise UsageError(
+                f"--html {args.html}: cannot write the page: {reason_of(exc)}"
+            ) from None
+        if not args.json:
             print(f"HTML: {args.html}")
     return 0
+
+
+@contextlib.contextmanager
+def _output_to_stderr() -> Iterator[None]:
+    """Send standard output to standard error, Python's and the file descriptor's (what a
+    compiled extension or a child process writes)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1: Python's stream alone
+        saved = None
+    else:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _run_apart(
@@ -150,13 +188,20 @@ def _run_apart(
             "--max-batch", str(args.max_batch), "--json",
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
+        last = _last_line(done.stderr)
+        if done.returncode == 2 and last.startswith(_ERROR):
+            raise UsageError(last.removeprefix(_ERROR))  # the same error for every layout
         if done.returncode != 0:
-            raise UsageError(f"{layout.label}: the step failed: {_last_line(done.stderr)}")
+            raise UsageError(f"{layout.label}: the step failed: {last}")
+        sys.stderr.write(done.stderr)  # what the user's code printed, and warnings
         (found,) = json.loads(done.stdout)["layouts"]
         rows.append(row_from_dict(layout, found))
         if say is not None:
             say(f"{layout.label}: {found['steps']} steps in {found['seconds']:.1f} s")
     return FitTable(capacities, [parse_size(c) for c in capacities], rows)
+
+
+_ERROR = "pytest-vram: error: "
 
 
 def _last_line(text: str) -> str:
@@ -200,7 +245,7 @@ def run_fit(
             steps += 1
 
         try:
-            step = builder(layout)
+            step = check_step(builder(layout), builder)
             fits = sweep(SimTrials(backend), step, limits, hi=max_batch, on_attempt=count)
             del step  # the layout's model goes before the next one is built
         finally:

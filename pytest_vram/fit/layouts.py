@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "FIT_RECOMPUTES",
     "FIT_ZERO_STAGES",
     "Layout",
+    "check_step",
     "config_builder",
     "load_builder",
 ]
@@ -85,10 +87,46 @@ def load_builder(spec: str) -> Callable[[Layout], Step]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"--build {spec!r}: cannot import {module_name!r}: {exc}") from None
+    except SyntaxError as exc:  # IndentationError too
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else "unknown place"
+        raise UsageError(
+            f"--build {spec!r}: cannot import {module_name!r}: {exc.msg} ({where})"
+        ) from None
+    except Exception as exc:  # the module's own code failed while it was imported
+        raise UsageError(
+            f"--build {spec!r}: importing {module_name!r} raised "
+            f"{_one_line(exc)} ({_innermost(exc)})"
+        ) from None
     builder = getattr(module, function, None)
     if not callable(builder):
         raise UsageError(f"--build {spec!r}: {module.__file__} has no function {function!r}")
     return builder
+
+
+def check_step(step: object, builder: Callable[..., Any]) -> Step:
+    """``step`` when a builder's answer is one: a function of the batch size."""
+    if callable(step):
+        return step
+    name = f"{getattr(builder, '__module__', '?')}:{getattr(builder, '__qualname__', builder)}"
+    raise UsageError(
+        f"--build {name}: it returned {reprlib.repr(step)} ({type(step).__name__}), not a "
+        "step: return step(batch), a function that runs one training step on batch sequences"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    return type(exc).__name__ + (f": {message}" if message else "")
+
+
+def _innermost(exc: BaseException) -> str:
+    """``file, line N`` of the innermost frame of ``exc``'s traceback."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "no traceback"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno}"
 
 
 def config_builder(config: dict[str, Any], source: str) -> Callable[[Layout], Step]:

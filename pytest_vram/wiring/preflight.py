@@ -7,14 +7,13 @@ cannot be written) are found here, so that a long run does not end without its r
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_vram.written import reason_of
+from pytest_vram.written import file_problem, probe_directory
 
 if TYPE_CHECKING:
     from pytest_vram.options import Settings
@@ -42,12 +41,12 @@ def preflight_problems(settings: Settings, environ: Mapping[str, str] | None = N
         ("--vram-markdown", settings.markdown_path),
         ("--vram-html", settings.html_path),
     ):
-        problem = None if path is None else _file_problem(path)
+        problem = None if path is None else file_problem(path)
         if problem:
             problems.append(f"{option} {path}: cannot write the report there: {problem}")
     summary = environ.get("GITHUB_STEP_SUMMARY")
     if summary and (settings.report or settings.markdown_path is not None):
-        problem = _file_problem(Path(summary), append=True)
+        problem = file_problem(Path(summary), append=True)
         if problem:
             problems.append(
                 f"$GITHUB_STEP_SUMMARY {summary}: cannot append the memory table: {problem}"
@@ -66,37 +65,4 @@ def _directory_problem(directory: Path) -> str | None:
     """Why files could not be created in ``directory`` (made if missing), or None."""
     if directory.exists() and not directory.is_dir():
         return "it is a file, not a directory"
-    return _probe(directory)
-
-
-def _file_problem(path: Path, append: bool = False) -> str | None:
-    if path.is_dir():
-        return "it is a directory"
-    if path.exists():
-        try:
-            # Opening to append changes nothing in the file, and proves it can be written.
-            with open(path, "a", encoding="utf-8"):
-                pass
-        except OSError as exc:
-            return reason_of(exc)
-        return None
-    return _probe(path.parent)
-
-
-def _probe(directory: Path) -> str | None:
-    """Create and remove a file in ``directory``, or in the nearest ancestor that exists when
-    it does not (it would be made); the one check that the operating system agrees with."""
-    existing = directory
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a directory"
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".pytest-vram-probe-", dir=existing)
-    except OSError as exc:
-        return reason_of(exc)
-    os.close(fd)
-    os.unlink(probe)
-    return None
+    return probe_directory(directory)
