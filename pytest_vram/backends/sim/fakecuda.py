@@ -18,7 +18,9 @@ a CPU-only build of PyTorch:
   memory (:mod:`~pytest_vram.backends.sim.hostscalars`), and with
   ``--vram-sim-host-tensors=host`` so is every tensor the test keeps on the host
   (:mod:`~pytest_vram.backends.sim.hosttensors`); transformers' ``is_tracing(tensor)``
-  answers False for fake tensors, as in a real run.
+  answers False for fake tensors, as in a real run;
+- shape-only, TorchScript (scripted or traced code, tracing) is refused before it runs on fake
+  tensors, where it would crash the process (:mod:`~pytest_vram.backends.sim.torchscript`).
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
 :meth:`VirtualCuda.uninstall` (a :class:`~pytest_vram.backends.sim.patches.PatchSet`).
@@ -58,6 +60,7 @@ from pytest_vram.backends.sim.remapmode import (
     special_methods,
 )
 from pytest_vram.backends.sim.torchcuda import SimulatedDevice, cuda_replacements
+from pytest_vram.backends.sim.torchscript import shape_only_replacements as no_torchscript
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["VirtualCuda"]
@@ -292,6 +295,8 @@ class VirtualCuda:
             # does (every call form of it ends here).
             init = torch.nn.init
             yield init, "_no_grad_trunc_normal_", trunc_normal_decided(init._no_grad_trunc_normal_)
+            # TorchScript on fake tensors crashes the process: refused, the test computes.
+            yield from no_torchscript()
         yield _device.DeviceContext, "__torch_function__", _device_context_torch_function
 
         autocast = torch.amp.autocast_mode.autocast
