@@ -26,6 +26,9 @@ runs. In a run that is tried again if it fails, the first failing subtest ends t
 (:class:`RunAgain`), and the reports of the subtests that passed before it are held back: shown
 after the run if it is not run again, dropped if it is, so that each subtest has one outcome.
 Under pytest-rerunfailures each of its runs is such a run, shape-only first.
+
+A shape-only attempt that takes the process down (native code on fake tensors) is found by the
+next run, which computes that test from the start (:mod:`~pytest_vram.backends.sim.attempts`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_vram.backends import resolve_name
+from pytest_vram.backends.sim.attempts import ShapeOnlyAttempts
 from pytest_vram.errors import LeakError
 from pytest_vram.raised import is_out_of_memory
 
@@ -78,6 +82,8 @@ HELD_BACK = "vram_held"
 # needed values, of one that failed on a guess.
 _REPORT_ATTRIBUTE = "vram_needs_values"
 _SHAPE_ONLY_ATTRIBUTE = "vram_shape_only"
+# Why a test computes whose shape-only run took a process down (the run's notes say when).
+_CRASHED = "a shape-only run of this test took its process down in an earlier run"
 
 
 class RunAgain(BaseException):
@@ -185,6 +191,9 @@ class ValuesOnDemand:
         self._resolved: dict[str, str] = {}
         #: The reports of the subtests that passed in the run in progress, held back.
         self._held: list[pytest.TestReport] = []
+        #: Each shape-only attempt, recorded while it runs: a run after one that died in it
+        #: computes the test instead (``crashed``).
+        self.attempts = ShapeOnlyAttempts(cache, reads=not hasattr(config, "workerinput"))
 
     def _on_sim(self, item: pytest.Item) -> bool:
         named = self._tests.backend_of(item)
@@ -261,6 +270,10 @@ class ValuesOnDemand:
         that may change its outcome; the reports of the run that stands, not logged. The
         reports of the subtests held back in a run that stands are logged here."""
         module = test_file_of(item)
+        if item.nodeid in self.attempts.crashed:
+            # Its shape-only run took a process down: it computes, and no guess is tried.
+            self._last_computed = True
+            return self._run(item, nextitem, True, _CRASHED)
         computing, guess = self._mode_of(module)
         saved = (list(item.user_properties), list(getattr(item, "_report_sections", [])))
         reports = self._run(item, nextitem, computing, guess=guess)
@@ -380,7 +393,10 @@ class ValuesOnDemand:
         # What an earlier run held back is the run's that this one replaces.
         self._held = []
         try:
-            return runtestprotocol(item, nextitem=nextitem, log=False)
+            if computing:
+                return runtestprotocol(item, nextitem=nextitem, log=False)
+            with self.attempts.trying(item.nodeid):
+                return runtestprotocol(item, nextitem=nextitem, log=False)
         finally:
             self._computing_now = None
             if MAY_RUN_AGAIN in item.stash:
@@ -473,15 +489,25 @@ class ValuesOnDemand:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.attempts.close()
         cache = getattr(self.config, "cache", None)
         if cache is None or hasattr(self.config, "workerinput"):
             return
+        if self._xdist_controller:  # a worker that died in a test: the next run computes it
+            self.attempts.look_for_crashes(starting=False)
         for key, remembered, found in (
             (NEEDS_VALUES_CACHE_KEY, self.remembered, self.found),
             (SHAPE_ONLY_CACHE_KEY, self.remembered_shape_only, self.found_shape_only),
         ):
             if not found <= remembered:
                 cache.set(key, sorted(remembered | found))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for note in self.attempts.notes:
+            terminalreporter.write_line(f"pytest-vram: {note}")
+
+    def close(self) -> None:
+        self.attempts.close()
 
 
 def _files_in_cache(cache: Any, key: str) -> set[str]:
