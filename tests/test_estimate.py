@@ -610,3 +610,58 @@ def test_cli_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "is not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"hidden_size": ' + "9" * 5000 + "}",
+            "holds a number with more digits than Python reads",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "is nested too deeply to read"),
+    ],
+    ids=["5000 digits", "100000 deep"],
+)
+def test_a_config_python_cannot_read_is_one_line_naming_it(
+    text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert main(["estimate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pytest-vram: error: config file {str(path)!r} {message}")
+    assert len(err.splitlines()) == 1
+
+
+def _llama_with(tmp_path: Path, **sizes: int) -> Path:
+    config = json.loads(LLAMA2.read_text())
+    config.update(sizes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("hidden_size", [10**12, 10**200])
+def test_a_model_beyond_any_real_one_is_refused(
+    hidden_size: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _llama_with(tmp_path, hidden_size=hidden_size)
+    assert main(["estimate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pytest-vram: error: {path}: ")
+    assert "beyond any real model" in err or "larger than a 64-bit size" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_the_table_stays_in_columns_for_the_largest_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["estimate", "--params", "5e17", "--mode", "train", "--dtype", "fp32"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("per GPU"))
+    total = next(line for line in out.splitlines() if line.startswith("  total"))
+    assert total.endswith("8,000,000,000,000,000,000") and len(total) == len(header)
+    # Each figure is a cell of its own: three after the label, apart.
+    assert len(total.split()) == 1 + 2 + 2 + 1

@@ -10,6 +10,9 @@ from typing import Any
 
 from pytest_vram.estimate.options import EstimateError
 
+#: The largest value of a size key: a tensor's dimensions are 64-bit integers in PyTorch.
+MAX_SIZE = (1 << 63) - 1
+
 SUPPORTED_MODEL_TYPES = (
     "deepseek_v2",
     "deepseek_v3",
@@ -62,6 +65,16 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"config file {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, "
             f"column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise EstimateError(
+            f"config file {str(p)!r} is nested too deeply to read (deeper than Python's JSON "
+            "reader goes)"
+        ) from None
+    except ValueError:  # int()'s refusal of a number thousands of digits long
+        raise EstimateError(
+            f"config file {str(p)!r} holds a number with more digits than Python reads; "
+            f"a size of a model has at most {len(str(MAX_SIZE))}"
+        ) from None
     if not isinstance(data, dict):
         raise EstimateError(
             f"config file {str(p)!r} must hold a JSON object, not {type(data).__name__}"
@@ -105,6 +118,11 @@ def pos_int(cfg: Mapping[str, Any], key: str, source: str, default: int | None =
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise EstimateError(f"{source}: key {key!r} must be a positive integer, got {value!r}")
+    if value > MAX_SIZE:
+        raise EstimateError(
+            f"{source}: key {key!r} is larger than a 64-bit size (at most {MAX_SIZE:,}): "
+            "no real model has it"
+        )
     return value
 
 

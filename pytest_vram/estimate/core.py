@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from pytest_vram.estimate.config import MAX_SIZE
 from pytest_vram.estimate.layout import count_footprint, model_footprint
 from pytest_vram.estimate.model import Model, resolve_model
 from pytest_vram.estimate.options import (
@@ -96,6 +97,7 @@ def estimate(
     else:
         stage, (gpu, host) = model_footprint(model, o, notes)
         parameters, active = model.parameters, model.active_parameters
+    _check_real(max(sum(gpu.values()), sum(host.values())), source or f"params {count:,}")
     return Estimate(
         parameters=parameters,
         per_gpu_bytes=sum(gpu.values()),
@@ -107,6 +109,15 @@ def estimate(
         inputs=inputs,
         notes=tuple(notes),
     )
+
+
+def _check_real(nbytes: int, what: str) -> None:
+    """Refuse a model that no machine could hold: its figures would be no budget at all."""
+    if nbytes > MAX_SIZE:
+        raise EstimateError(
+            f"{what}: {nbytes:,} bytes per GPU is beyond any real model (a byte count holds at "
+            f"most {MAX_SIZE:,}, 8 EiB); check the model's sizes"
+        )
 
 
 def _inputs(

@@ -71,32 +71,29 @@ class Estimate:
             f"{i['gpus']} GPU{'s' if i['gpus'] != 1 else ''} = dp {i['dp']} x tp {i['tp']} "
             f"x pp {i['pp']}, ZeRO-{i['zero']}, offload {i['offload']}"
         )
-        lines = [
+        # Rows are cells until every value is known: the columns widen to the longest.
+        lines: list[str | tuple[str, str, str, str]] = [
             f"pytest-vram estimate: {model}{params}, {source}",
             f"  {what}; batch {i['batch']} x seq {i['seq']}, {i['attention']} attention",
             f"  {layout}",
             "",
-            _row(f"per GPU{_stage(self.pipeline_stage, i['pp'])}", "IEC", "SI", "bytes"),
+            (f"per GPU{_stage(self.pipeline_stage, i['pp'])}", "IEC", "SI", "bytes"),
         ]
         for key in BREAKDOWN_KEYS:
-            value = self.breakdown[key]
-            lines.append(_row(f"  {key}", format_size(value), format_si(value), f"{value:,}"))
-        total = self.per_gpu_bytes
-        lines.append(_row("  total", format_size(total), format_si(total), f"{total:,}"))
+            lines.append(_cells(f"  {key}", self.breakdown[key]))
+        lines.append(_cells("  total", self.per_gpu_bytes))
         if self.host_bytes:
-            lines += ["", _row("host memory per GPU (offload)", "", "", "")]
+            lines += ["", ("host memory per GPU (offload)", "", "", "")]
             for key in HOST_KEYS:
                 value = self.host_breakdown.get(key, 0)
                 if value:
-                    lines.append(
-                        _row(f"  {key}", format_size(value), format_si(value), f"{value:,}")
-                    )
-            host = self.host_bytes
-            lines.append(_row("  total", format_size(host), format_si(host), f"{host:,}"))
+                    lines.append(_cells(f"  {key}", value))
+            lines.append(_cells("  total", self.host_bytes))
+        rendered = _render(lines)
         if self.notes:
-            lines += ["", "notes:"]
-            lines += [f"  - {note}" for note in self.notes]
-        return "\n".join(lines)
+            rendered += ["", "notes:"]
+            rendered += [f"  - {note}" for note in self.notes]
+        return "\n".join(rendered)
 
     def __str__(self) -> str:
         return self.format()
@@ -106,8 +103,30 @@ def _stage(stage: int, pp: int) -> str:
     return f" (pipeline stage {stage} of {pp})" if pp > 1 else ""
 
 
-def _row(label: str, iec: str, si: str, exact: str) -> str:
-    return f"{label:<34}{iec:>12}{si:>12}{exact:>22}".rstrip()
+_WIDTHS = (34, 12, 12, 22)
+
+
+def _cells(label: str, value: int) -> tuple[str, str, str, str]:
+    return label, format_size(value), format_si(value), f"{value:,}"
+
+
+def _render(lines: list[str | tuple[str, str, str, str]]) -> list[str]:
+    """The lines with each row's cells in columns at least two spaces apart."""
+    rows = [line for line in lines if isinstance(line, tuple)]
+    label = max([_WIDTHS[0], *(len(row[0]) + 2 for row in rows)])
+    widths = [
+        max([width, *(len(row[column]) + 2 for row in rows)])
+        for column, width in enumerate(_WIDTHS[1:], start=1)
+    ]
+    out = []
+    for line in lines:
+        if isinstance(line, str):
+            out.append(line)
+            continue
+        head, *values = line
+        cells = "".join(f"{value:>{width}}" for value, width in zip(values, widths, strict=True))
+        out.append(f"{head:<{label}}{cells}".rstrip())
+    return out
 
 
 def _short_count(n: int) -> str:
