@@ -57,6 +57,11 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
         alloc.peak_allocated = alloc.allocated
         alloc.peak_reserved = alloc.reserved
 
+    def reset_accumulated_memory_stats(device: Any = None) -> None:
+        alloc.seen(device)
+        alloc.calls.append("reset_accumulated_memory_stats")
+        alloc.num_ooms = alloc.num_alloc_retries = 0
+
     def memory_allocated(device: Any = None) -> int:
         alloc.seen(device)
         return alloc.allocated
@@ -89,6 +94,7 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
         "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated,
         "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
         "memory_reserved": memory_reserved,
         "max_memory_reserved": max_memory_reserved,
         "get_device_name": device_name,
@@ -101,6 +107,8 @@ def install_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
     }
     for name, function in patches.items():
         monkeypatch.setattr(cuda, name, function)
+        if name.startswith("reset_"):  # torch.cuda.memory's spelling, which torch's own calls
+            monkeypatch.setattr(cuda.memory, name, function)
     monkeypatch.setattr(cuda.memory, "_record_memory_history", alloc.record_memory_history)
     monkeypatch.setattr(cuda.memory, "_snapshot", alloc.snapshot)
     monkeypatch.setattr(

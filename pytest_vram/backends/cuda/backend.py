@@ -23,8 +23,10 @@ import torch
 from pytest_vram.backends.base import Backend, BackendUnavailable
 from pytest_vram.backends.cuda.history import stop_history
 from pytest_vram.backends.cuda.nvml import visible_mig_uuid
+from pytest_vram.backends.cuda.resets import ACCUMULATED, ResetWrappers, unwrapped
 from pytest_vram.backends.cuda.sampler import MemorySampler
 from pytest_vram.backends.cuda.source import SourceUnavailable
+from pytest_vram.backends.keptpeaks import KeptPeaks
 from pytest_vram.units import format_size
 
 __all__ = [
@@ -200,6 +202,9 @@ class CudaBackend(Backend):
         )
         self._device_class = self._slice_name(name) if self.mig else name
         self._counters_at_start: dict[str, int] = {}
+        #: The peaks the test's own torch.cuda.reset_peak_memory_stats() would have lost.
+        self._kept = KeptPeaks()
+        self._resets = ResetWrappers(self._before_reset)
 
     def _warm_up(self) -> None:
         """Make what the first test on the device would otherwise pay for: the CUDA context
@@ -274,8 +279,10 @@ class CudaBackend(Backend):
         self._counters_at_start = self._read_counters()
         if self._sampler is not None:
             self._sampler.start()
+        self._resets.install()
 
     def end_test(self) -> None:
+        self._resets.uninstall()
         # Errors of kernels still running surface here, in the test that launched them.
         try:
             torch.cuda.synchronize(self.index)
@@ -285,6 +292,31 @@ class CudaBackend(Backend):
             self._note_lost(exc)
         if self._sampler is not None:
             self._sampler.pause()
+
+    def _before_reset(self, name: str, device: Any) -> None:
+        """The test's own code resets torch's statistics of ``device``: keep what the reset
+        takes from this test's figures."""
+        if not self._is_mine(device):
+            return
+        if name == ACCUMULATED:
+            # The counters start again from zero: what they counted so far stays the test's.
+            now = self._read_counters()
+            for key in _COUNTERS:
+                self._counters_at_start[key] = self._counters_at_start.get(key, 0) - now[key]
+        else:
+            self._kept.keep(self.peak_allocated(), self.peak_reserved())
+
+    def _is_mine(self, device: Any) -> bool:
+        if device is None:
+            return torch.cuda.current_device() == self.index
+        if isinstance(device, int):
+            return device == self.index
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            return False  # torch's own call refuses it
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return device.type == "cuda" and index == self.index
 
     def storage_bytes(self, tensor: torch.Tensor) -> int | None:
         if tensor.device != self.device:
@@ -296,11 +328,12 @@ class CudaBackend(Backend):
         return int(torch.cuda.memory_allocated(self.index))
 
     def peak_allocated(self) -> int:
-        return int(torch.cuda.max_memory_allocated(self.index))
+        return self._kept.peak_allocated(int(torch.cuda.max_memory_allocated(self.index)))
 
     def reset_peak(self) -> None:
+        self._kept.clear()
         try:
-            torch.cuda.reset_peak_memory_stats(self.index)
+            unwrapped(torch.cuda.reset_peak_memory_stats)(self.index)
         except Exception as exc:
             self._lose(exc)
         if self._sampler is not None:
@@ -314,7 +347,7 @@ class CudaBackend(Backend):
     def peak_reserved(self) -> int | None:
         if self.asynchronous:
             return None
-        return int(torch.cuda.max_memory_reserved(self.index))
+        return self._kept.peak_reserved(int(torch.cuda.max_memory_reserved(self.index)))
 
     def peak_device(self) -> int | None:
         if self._sampler is None or self.device_floor is None:

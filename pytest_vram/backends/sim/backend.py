@@ -32,6 +32,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from pytest_vram.backends.base import Backend
+from pytest_vram.backends.keptpeaks import KeptPeaks
 from pytest_vram.backends.segments import CachingAllocatorModel, OwnSegments, SegmentFigures
 from pytest_vram.backends.sim.dynamoconfig import load_config_alone
 from pytest_vram.backends.sim.fakecuda import VirtualCuda
@@ -125,6 +126,8 @@ class SimBackend(Backend):
         self._active = False
         self._mode: Any = None
         self._counters_at_start = (0, 0)
+        #: The peaks the test's own torch.cuda.reset_peak_memory_stats() would have lost.
+        self._kept = KeptPeaks()
         #: Computing: what the test may hold of the host's memory.
         self._host = HostLimit()
         #: Computing: the op counter, for the tests it can count.
@@ -356,9 +359,26 @@ class SimBackend(Backend):
         return self.tracker.current + self._ops.current
 
     def peak_allocated(self) -> int:
-        return self.tracker.peak + self._ops.peak
+        return self._kept.peak_allocated(self.tracker.peak + self._ops.peak)
 
     def reset_peak(self) -> None:
+        self._kept.clear()
+        self._reset_peaks()
+
+    # What the test's own code reads and resets through torch.cuda: torch's peaks, which its
+    # reset_peak_memory_stats() starts again while the plugin's figures keep the peak before.
+
+    def stats_peak_allocated(self) -> int:
+        return self.tracker.peak + self._ops.peak
+
+    def stats_peak_reserved(self) -> int:
+        return self._segments().peak_reserved
+
+    def reset_stats_peak(self) -> None:
+        self._kept.keep(self.peak_allocated(), self.peak_reserved(), self.own_peak_reserved())
+        self._reset_peaks()
+
+    def _reset_peaks(self) -> None:
         self.tracker.reset_peak()
         self.segments.reset_peak()
         own = self.own_segments.model
@@ -375,7 +395,7 @@ class SimBackend(Backend):
         return self._segments().reserved
 
     def peak_reserved(self) -> int | None:
-        return self._segments().peak_reserved
+        return self._kept.peak_reserved(self._segments().peak_reserved)
 
     # The test's own reserved memory: its figures do not depend on what else is alive.
 
@@ -387,7 +407,9 @@ class SimBackend(Backend):
 
     def own_peak_reserved(self) -> int | None:
         own = self._own_figures()
-        return self.peak_reserved() if own is None else own.peak_reserved
+        if own is None:
+            return self.peak_reserved()
+        return self._kept.own_peak_reserved(own.peak_reserved)
 
     def _own_figures(self) -> SegmentFigures | None:
         model = self.own_segments.model
@@ -456,7 +478,7 @@ class SimBackend(Backend):
 
     def memory_stats_nested(self) -> dict[str, Any]:
         """``torch.cuda.memory_stats_as_nested_dict()`` of the simulated device."""
-        allocated, peak = self.allocated(), self.peak_allocated()
+        allocated, peak = self.allocated(), self.stats_peak_allocated()
         figures, model = self._segments(), self.segments  # the counters are the model's
 
         def stat(current: int, peak: int | None = None) -> dict[str, dict[str, int]]:
@@ -475,7 +497,7 @@ class SimBackend(Backend):
         }
 
     def memory_summary(self) -> str:
-        allocated, peak = self.allocated(), self.peak_allocated()
+        allocated, peak = self.allocated(), self.stats_peak_allocated()
         figures, model = self._segments(), self.segments  # the counters are the model's
         reserved, peak_reserved = figures.reserved, figures.peak_reserved
         capacity = "unlimited" if self.capacity is None else format_size(self.capacity)
