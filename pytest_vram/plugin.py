@@ -45,6 +45,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Any:
+    # --vram-sim-cuda-available (or its ini setting): the conftest files imported now see the
+    # simulated device too, as collection does (backends/sim/cudaguard.py).
+    if not (
+        getattr(early_config.known_args_namespace, "vram_sim_cuda_available", None)
+        or early_config.getini("vram_sim_cuda_available")
+    ):
+        return (yield)
+    from pytest_vram.backends.sim.cudaguard import CollectionCuda, wanted_early
+
+    guard = CollectionCuda()
+    if wanted_early(early_config):
+        guard.start()
+    try:
+        return (yield)
+    finally:
+        guard.stop()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_HELP.values():
         config.addinivalue_line("markers", line)

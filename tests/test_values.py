@@ -456,6 +456,43 @@ def test_collection_time_gpu_guards(pytester: pytest.Pytester) -> None:
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+# A root conftest that decides its devices when pytest imports it, before any hook of the
+# session runs.
+DEVICES_CONFTEST = """
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", DEVICES)
+"""
+
+ON_EACH_DEVICE = """
+import torch
+
+
+def test_ones(device):
+    assert torch.ones(3, device=device).sum().item() == 3.0
+"""
+
+
+def test_a_root_conftest_sees_the_simulated_device(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(DEVICES_CONFTEST)
+    pytester.makepyfile(test_devices=ON_EACH_DEVICE)
+    result = pytester.runpytest("--vram-sim-cuda-available", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_ones?cuda? PASSED*"])
+    pytester.makeini("[pytest]\nvram_sim_cuda_available = true\n")
+    pytester.runpytest().assert_outcomes(passed=2)
+    # Without the option the conftest finds no GPU, and the real torch answers after it.
+    pytester.makeini("[pytest]\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nvram_sim_cuda_available = true\nvram_backend = cpu\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
 FAILURES = """
 import pytest, torch
 from pytest_vram import max_vram
