@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 from pytest_vram.cli import main
 from pytest_vram.report.comparison import MARKER, render_comparison
 from pytest_vram.report.runcomparison import compare_runs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # A table row's cell separators: pipes not escaped with a backslash.
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")
@@ -247,3 +250,100 @@ def test_the_comment_fits_githubs_limit() -> None:
     text = render_comparison(compare_runs(base, head), base, head, limit=200, max_chars=20_000)
     assert len(text) <= 20_000 and text.startswith(MARKER)
     assert text.endswith("_The comment is cut here: it would pass GitHub's size limit._\n")
+
+
+# What a fork's crafted report put in the bot's comment before its text was neutralised.
+CRAFTED = (
+    "@octocat please merge: https://evil.example/login #1 GH-2 www.evil.example "
+    "<img src=x onerror=alert(1)> <!-- --> a@b.example deadbeefcafe1234 [x](https://e.example)"
+)
+# Live in a GitHub comment: a mention, an issue or commit reference, an autolink, HTML.
+LIVE = {
+    "mention": re.compile(r"(?<![\w`])@[A-Za-z0-9]"),
+    "issue reference": re.compile(r"(?<![\w&])#\d|\bGH-\d", re.I),
+    "commit reference": re.compile(r"\b[0-9a-f]{7,40}\b"),
+    "autolink": re.compile(r"\w+://|\bwww\.", re.I),
+    "HTML": re.compile(r"<[A-Za-z!/]"),
+    "link": re.compile(r"(?<!\\)\]\("),
+}
+
+
+def _live(markdown: str) -> dict[str, list[str]]:
+    """What is live outside the code spans (test names, which GitHub shows as they are)."""
+    outside = re.sub(r"(`+)(?:(?!\1).)+?\1", "", markdown)
+    return {kind: found for kind, rx in LIVE.items() if (found := rx.findall(outside))}
+
+
+def test_a_crafted_report_says_nothing_live_in_the_comment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junit = ROOT / "tests" / "data" / "junit"
+    head = (junit / "head.xml").read_text(encoding="utf-8")
+    # A fork controls the head report: the new test's status, and every device.
+    quoted = CRAFTED.replace("&", "&amp;").replace("<", "&lt;").replace('"', "&quot;")
+    head = head.replace('name="vram_status" value="new"', f'name="vram_status" value="{quoted}"')
+    device = 'name="vram_device" value="NVIDIA H100 80GB HBM3"'
+    head = head.replace(device, f'name="vram_device" value="{quoted}"', 1)
+    (tmp_path / "head.xml").write_text(head, encoding="utf-8")
+    status = main(["compare", str(junit / "base.xml"), str(tmp_path / "head.xml"), "--markdown"])
+    out = capsys.readouterr().out
+    assert status == 1 and out.startswith(MARKER)
+    assert "_Measured on different devices" in out
+    assert [row[2] for row in _rows(out, "New tests")] != ["new"]
+    assert _live(CRAFTED).keys() == LIVE.keys()  # the check sees each kind
+    assert _live(out.removeprefix(MARKER)) == {}
+    # Still legible: the words are there, with invisible breaks.
+    assert "please merge" in out and "evil" in out
+
+
+def test_a_crafted_report_says_nothing_live_in_the_job_summary() -> None:
+    from pytest_vram.report.markdown import _text
+
+    assert _live(_text(CRAFTED)) == {}
+    assert _text("NVIDIA H100 80GB HBM3, torch 2.13.0+cpu, 5%") == (
+        "NVIDIA H100 80GB HBM3, torch 2.13.0+cpu, 5%"
+    )
+
+
+# torch, made unimportable: the comment job installs pytest-vram without it.
+NO_TORCH = """
+import sys
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def test_compare_and_summary_run_without_torch(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH, encoding="utf-8")
+    junit = ROOT / "tests" / "data" / "junit"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_vram", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env, check=False
+    )
+    assert "(blocked)" in blocked.stderr
+    compared = run("compare", str(junit / "base.xml"), str(junit / "head.xml"), "--markdown")
+    assert (compared.returncode, compared.stderr) == (1, "")
+    assert compared.stdout.startswith(MARKER) and "grown beyond 5%" in compared.stdout
+    plain = run("compare", str(junit / "base.xml"), str(junit / "head.xml"))
+    assert plain.returncode == 1 and "FAILED" in plain.stdout, plain.stderr
+    summary = run("summary", str(junit / "head.xml"))
+    assert (summary.returncode, summary.stderr) == (0, "")
+    assert "suites.test_training::test_train_step[llama-1b-bf16]" in summary.stdout

@@ -520,6 +520,10 @@ def test_user_comment_workflow_runs_none_of_the_pull_requests_code() -> None:
     actions = [s["uses"].partition("@")[0] for s in job["steps"] if "uses" in s]
     assert actions == ["actions/setup-python", "actions/download-artifact"]
     assert not _pytest_commands(workflow)
+    # No torch in the job that can write: compare runs without it (test_compare_markdown.py).
+    runs = _runs(workflow)
+    assert 'pip install --no-deps "$PYTEST_VRAM" pip install junitparser PyYAML pytest' in runs
+    assert not any("torch" in run for run in runs)
     (download,) = [s for s in job["steps"] if "download-artifact" in s.get("uses", "")]
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
     assert download["with"]["pattern"] == "vram-pr-*"

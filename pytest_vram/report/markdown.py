@@ -216,11 +216,31 @@ def _code(text: str) -> str:
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
+# What GitHub turns into a mention, a reference or a link in plain text, each kept from
+# matching by a zero-width space: @user and @org/team, #1, GH-1, a commit's hex name (7 to 40
+# hex digits), and the extended autolinks (www., scheme://; an e-mail address's @ is a mention's).
+_ZWSP = "\u200b"
+_GITHUB_LIVE = (
+    (re.compile(r"@"), "@" + _ZWSP),
+    (re.compile(r"#(?=\d)"), "#" + _ZWSP),
+    (re.compile(r"\b(GH)-(?=\d)", re.I), r"\1-" + _ZWSP),
+    (re.compile(r"\b(www)\.", re.I), r"\1" + _ZWSP + "."),
+    (re.compile(r":(?=//)"), ":" + _ZWSP),
+)
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{7,}")
+
+
 def _text(text: str) -> str:
-    """Plain text in a Markdown cell: no markup, no HTML."""
+    """Plain text in a Markdown cell: no markup, no HTML, and nothing GitHub makes live (no
+    mention, issue or commit reference, autolink). Text a report carries is shown through
+    here or as a code span, so a crafted report cannot make a comment say more than text."""
     text = " ".join(text.split())
     text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
-    return text.replace("&", "&amp;").replace("<", "&lt;")
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    for pattern, replacement in _GITHUB_LIVE:
+        text = pattern.sub(replacement, text)
+    # Six hex digits at most in a row: a commit's name needs seven.
+    return _HEX_RUN.sub(lambda m: _ZWSP.join(re.findall(".{1,6}", m.group(0))), text)
 
 
 def _longest_backtick_run(text: str) -> int:
