@@ -292,3 +292,36 @@ def test_a_leak_check_whose_memory_fell_stores_no_growth() -> None:
     assert read_record(row).figures()["leak_growth"] == 0
     made = TestRecord("t.py::a", "cpu", "cpu", scenarios={"leak_check": {"growth": -20480}})
     assert made.figures()["leak_growth"] == 0
+
+
+@pytest.mark.parametrize(
+    ("read", "message"),
+    [
+        (lambda: check_figure("max_size", -3), "max_size is -3: a count is never negative"),
+        (lambda: check_figure("max_size", 1.5), "max_size must be an integer count, got 1.5"),
+        (
+            lambda: check_figure("scenarios.max_size.value", "12"),
+            "scenarios.max_size.value must be an integer count, got '12'",
+        ),
+        (
+            lambda: check_figure("ranks[1].figures.max_size_rank1", -1),
+            "ranks[1].figures.max_size_rank1 is -1: a count is never negative",
+        ),
+        (
+            lambda: figure_from_text("vram_max_size", "lots"),
+            "vram_max_size must be an integer count, got 'lots'",
+        ),
+        (
+            lambda: figure_from_text("vram_max_size", "9" * 400),
+            f"vram_max_size has 400 digits: a count holds at most {MAX_FIGURE}",
+        ),
+        (
+            lambda: check_figure("peak_allocated", -3),
+            "peak_allocated is -3: a number of bytes is never negative",
+        ),
+    ],
+)
+def test_a_stored_largest_size_is_called_a_count(read: Any, message: str) -> None:
+    with pytest.raises(FigureError) as info:
+        read()
+    assert str(info.value) == message

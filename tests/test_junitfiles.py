@@ -395,6 +395,27 @@ def test_error_messages_say_what_was_expected(
     assert "cannot parse it as XML (" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("[1, 2]", "it holds a JSON list, not an object"),
+        ('  [{"tests": []}]', "it holds a JSON list, not an object"),
+        ('{"tests": []}', "no 'pytest_vram' version"),
+    ],
+)
+@pytest.mark.parametrize("side", ["base", "head"])
+def test_compare_names_a_json_file_that_is_no_vram_json_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, what: str, side: str
+) -> None:
+    other = _write(tmp_path, "other.json", text.encode())
+    argv = ["compare", other, str(HEAD)] if side == "base" else ["compare", str(BASE), other]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"pytest-vram: error: {other}: not a pytest-vram --vram-json document ({what}); "
+        "expected a JUnit XML file or a --vram-json document\n"
+    )
+
+
 # --- figures that cannot be read ----------------------------------------------------------------
 
 # A value of a property in bytes that is no number of bytes, and what the error says of it.

@@ -349,13 +349,36 @@ def test_leak_check_growth_that_survives_collection_is_a_leak(
     assert info.value.result.confirmed == 6400
 
 
-@pytest.mark.parametrize(("steps", "warmup"), [(0, 3), (-1, 3), (10, -1)])
-def test_leak_check_validates_steps_and_warmup(probe: FakeProbe, steps: int, warmup: int) -> None:
+@pytest.mark.parametrize(
+    ("steps", "warmup", "message"),
+    [
+        (0, 3, "steps must be a whole number >= 1, got 0 (int)"),
+        (-1, 3, "steps must be a whole number >= 1, got -1 (int)"),
+        (10, -1, "warmup must be a whole number >= 0, got -1 (int)"),
+        (True, 3, "steps must be a whole number >= 1, got True (bool)"),
+        (2.5, 3, "steps must be a whole number >= 1, got 2.5 (float)"),
+        ("10", 3, "steps must be a whole number >= 1, got '10' (str)"),
+        (10, 0.5, "warmup must be a whole number >= 0, got 0.5 (float)"),
+    ],
+)
+def test_leak_check_validates_steps_and_warmup(
+    probe: FakeProbe, steps: object, warmup: object, message: str
+) -> None:
     step = Counter(lambda i: None)
-    with pytest.raises(ValueError, match="steps") as info:
-        leak_check(probe, step, steps=steps, warmup=warmup)
-    assert str(steps) in str(info.value)
+    with pytest.raises(ValueError) as info:
+        leak_check(probe, step, steps=steps, warmup=warmup)  # type: ignore[arg-type]
+    assert str(info.value) == f"leak_check: {message}"
     assert step.calls == 0
+
+
+@pytest.mark.parametrize("scenario", ["single_step", "leak_check"])
+def test_a_step_that_is_not_a_function_is_named(probe: FakeProbe, scenario: str) -> None:
+    run = single_step if scenario == "single_step" else leak_check
+    with pytest.raises(ValueError) as info:
+        run(probe, 42)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        f"{scenario}: fn must be a function to call with no arguments (a step), got 42 (int)"
+    )
 
 
 def test_leak_check_without_warmup(probe: FakeProbe) -> None:
@@ -528,3 +551,37 @@ def test_a_failed_step_leaves_nothing_to_later_tests(
             f"*::test_after * {backend} * 1.00 MiB * 1.00 MiB * 0 B * new",
         ]
     )
+
+
+def test_the_vram_scenarios_name_an_argument_they_cannot_use(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_steps_true(vram):
+            vram.leak_check(lambda: None, steps=True)
+
+        def test_steps_fraction(vram):
+            vram.leak_check(lambda: None, steps=2.5)
+
+        def test_leak_fn(vram):
+            vram.leak_check(42)
+
+        def test_single_fn(vram):
+            vram.single_step(42)
+        """
+    )
+    result = pytester.runpytest("--vram-backend=cpu", "-p", "no:randomly")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*UsageError: test_*.py::test_steps_true: vram.leak_check: steps must be a whole "
+            "number >= 1, got True (bool)",
+            "*UsageError: test_*.py::test_steps_fraction: vram.leak_check: steps must be a whole "
+            "number >= 1, got 2.5 (float)",
+            "*UsageError: test_*.py::test_leak_fn: vram.leak_check: fn must be a function to call "
+            "with no arguments (a step), got 42 (int)",
+            "*UsageError: test_*.py::test_single_fn: vram.single_step: fn must be a function to "
+            "call with no arguments (a step), got 42 (int)",
+        ],
+        consecutive=False,
+    )
+    assert "TypeError" not in result.stdout.str()

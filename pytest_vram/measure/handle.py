@@ -77,6 +77,8 @@ class VramHandle:
     def single_step(self, fn: Callable[[], Any]) -> scenarios.SingleStepResult:
         """Reset the peak, run ``fn()`` once; the result has ``.peak``, ``.delta``,
         ``.before``, ``.after`` and ``.value`` (what ``fn`` returned)."""
+        __tracebackhide__ = True
+        self._check(scenarios.check_step_function, "single_step", fn)
         result = scenarios.single_step(self._measurement, fn)
         self._record("single_step", result.to_dict())
         return result
@@ -91,6 +93,7 @@ class VramHandle:
         """Run ``fn()`` ``warmup`` times, then ``steps`` times; fail the test when memory keeps
         growing by more than ``tolerance`` (None: 0 bytes)."""
         __tracebackhide__ = True
+        self._check(scenarios.check_leak_arguments, fn, steps, warmup, tolerance)
         try:
             result = scenarios.leak_check(self._measurement, fn, steps, warmup, tolerance)
         except scenarios.LeakError as exc:
@@ -133,6 +136,15 @@ class VramHandle:
             self._measurement.backend.reset_peak()
         self._record("max_size", result.to_dict())
         return result
+
+    def _check(self, check: Callable[..., None], *arguments: object) -> None:
+        """A scenario's arguments, checked before it runs: a UsageError naming the test, the
+        scenario and the argument, as ``max_size`` gives, never a TypeError from within."""
+        __tracebackhide__ = True
+        try:
+            check(*arguments)
+        except ValueError as exc:
+            raise UsageError(f"{self._measurement.record.nodeid}: vram.{exc}") from None
 
     def _record(self, name: str, figures: dict[str, Any]) -> None:
         self._measurement.record.scenarios[name] = figures

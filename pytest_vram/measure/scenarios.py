@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -119,6 +120,35 @@ class LeakCheckResult:
         )
 
 
+def check_step_function(scenario: str, fn: object) -> None:
+    """ValueError naming ``scenario`` when ``fn`` cannot be called as a step."""
+    if not callable(fn):
+        raise ValueError(
+            f"{scenario}: fn must be a function to call with no arguments (a step), got "
+            f"{_shown(fn)}"
+        )
+
+
+def check_leak_arguments(fn: object, steps: object, warmup: object, tolerance: object) -> None:
+    """ValueError naming the first argument of ``leak_check`` it cannot use."""
+    check_step_function("leak_check", fn)
+    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0)):
+        # bool is an int to Python, but True steps is no count.
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(
+                f"leak_check: {name} must be a whole number >= {least}, got {_shown(value)}"
+            )
+    if tolerance is not None:
+        try:
+            parse_tolerance(tolerance)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"leak_check: {exc}") from None
+
+
+def _shown(value: object) -> str:
+    return f"{reprlib.repr(value)} ({type(value).__name__})"
+
+
 def empty_cache(probe: Probe) -> EmptyCacheResult:
     """Collect garbage, release cached blocks, and report what stays allocated (idle test)."""
     gc.collect()
@@ -132,6 +162,7 @@ def single_step(probe: Probe, fn: Callable[[], Any]) -> SingleStepResult:
     A probe with peak windows (the test's measurement) is read through one, so that a
     ``vram.measure()`` block inside the step, or a step inside such a block, costs neither
     its maximum."""
+    check_step_function("single_step", fn)
     open_window = getattr(probe, "open_window", None)
     if open_window is None:
         probe.reset_peak()
@@ -213,8 +244,7 @@ def leak_check(
     None means 0 bytes.
     """
     __tracebackhide__ = True
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"leak_check needs steps >= 1 and warmup >= 0, got {steps=} {warmup=}")
+    check_leak_arguments(fn, steps, warmup, tolerance)
     allowed_tolerance = parse_tolerance(0 if tolerance is None else tolerance)
     for _ in range(warmup):
         fn()

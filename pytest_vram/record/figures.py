@@ -232,10 +232,11 @@ def check_figure_name(name: object) -> str:
 
 
 def check_figure(name: str, value: object) -> int:
-    """``value`` as a number of bytes, or FigureError saying why it is not one."""
+    """``value`` as a number of bytes (a count for ``max_size``), or FigureError saying why
+    it is not one."""
     value = _integer(name, value)
     if value < 0:
-        raise FigureError(f"{name} is {value}: a number of bytes is never negative")
+        raise FigureError(f"{name} is {value}: {_noun(name)} is never negative")
     return value
 
 
@@ -254,7 +255,7 @@ def figure_from_text(name: str, text: str, *, signed: bool = False) -> int:
     """
     stripped = text.strip()
     if not _INTEGER_TEXT.fullmatch(stripped):
-        raise FigureError(f"{name} must be an integer number of bytes, got {_shown(text)}")
+        raise FigureError(f"{name} must be an integer {_noun(name)[2:]}, got {_shown(text)}")
     digits = len(stripped.lstrip("-"))
     if digits > _MAX_DIGITS:
         raise _too_long(name, digits)
@@ -347,8 +348,8 @@ def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         shown = _shown(value)
         if isinstance(value, float) and not math.isfinite(value):
-            raise FigureError(f"{name} is {shown}: a number of bytes is a whole number")
-        raise FigureError(f"{name} must be an integer number of bytes, got {shown}")
+            raise FigureError(f"{name} is {shown}: {_noun(name)} is a whole number")
+        raise FigureError(f"{name} must be an integer {_noun(name)[2:]}, got {shown}")
     if abs(value) > MAX_FIGURE:
         # Counted, not converted: str() of a long enough int raises ValueError.
         raise _too_long(name, _digits(abs(value)))
@@ -356,9 +357,21 @@ def _integer(name: str, value: object) -> int:
 
 
 def _too_long(name: str, digits: int) -> FigureError:
+    if _noun(name) == "a count":
+        return FigureError(f"{name} has {digits} digits: a count holds at most {MAX_FIGURE}")
     return FigureError(
         f"{name} has {digits} digits: more bytes than any device holds (at most {MAX_FIGURE})"
     )
+
+
+def _noun(name: str) -> str:
+    """What the figure ``name`` holds, as its messages say it: ``a count`` for ``max_size``
+    however it is spelt where it was read (``vram_max_size``, ``scenarios.max_size.value``,
+    ``ranks[0].figures.max_size_rank0``), else ``a number of bytes``."""
+    parts = name.removeprefix("vram_").split(".")
+    figure = parts[-2] if parts[-1] == "value" and len(parts) > 1 else parts[-1]
+    count = figure_unit(figure.removeprefix("vram_")) == "count"
+    return "a count" if count else "a number of bytes"
 
 
 def _digits(value: int) -> int:

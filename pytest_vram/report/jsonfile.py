@@ -24,13 +24,14 @@ __all__ = ["is_json_report", "junit_name", "read_json_report", "read_report", "r
 
 
 def is_json_report(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds a JSON document rather than XML: it starts with ``{``."""
+    """Whether ``path`` holds a JSON document rather than XML: it starts with ``{`` or ``[``
+    (a list, which is no report, but which only the JSON reader can name as such)."""
     try:
         with open(path, "rb") as stream:
             start = stream.read(512).lstrip(b"\xef\xbb\xbf \t\r\n")
     except OSError:
         return False  # the JUnit reader says what is wrong with the file
-    return start.startswith(b"{")
+    return start[:1] in (b"{", b"[")
 
 
 def read_json_report(path: str | os.PathLike[str]) -> MemoryTable:
@@ -39,15 +40,25 @@ def read_json_report(path: str | os.PathLike[str]) -> MemoryTable:
     Raises :class:`pytest_vram.baselines.shards.ShardError` naming the file, the test and the
     bad value.
     """
+    # First what the shard reader does not check: a document pytest-vram wrote is an object
+    # that names its version, so a JSON file of another tool is not taken for a run without
+    # tests. A file that is no JSON at all is left to the shard reader, which says why.
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = json.load(stream)
+    except (OSError, ValueError, RecursionError):
+        document = {"pytest_vram": None}
+    if not isinstance(document, dict) or "pytest_vram" not in document:
+        what = (
+            "no 'pytest_vram' version"
+            if isinstance(document, dict)
+            else f"it holds a JSON {_JSON_KINDS.get(type(document), 'value')}, not an object"
+        )
+        raise ShardError(
+            f"{os.fspath(path)}: not a pytest-vram --vram-json document ({what}); expected a "
+            "JUnit XML file or a --vram-json document"
+        )
     shard = read_shard(Path(path))
-    # Read again for what the shard reader does not keep: a document pytest-vram wrote names
-    # its version, so a JSON file of another tool is not taken for a run without tests.
-    with open(path, encoding="utf-8") as stream:
-        if "pytest_vram" not in json.load(stream):
-            raise ShardError(
-                f"{os.fspath(path)}: not a pytest-vram --vram-json document (no 'pytest_vram' "
-                "version); expected a JUnit XML file or a --vram-json document"
-            )
     rows = [_row(record) for record in shard.records]
     return MemoryTable(
         path=os.fspath(path),
@@ -55,6 +66,9 @@ def read_json_report(path: str | os.PathLike[str]) -> MemoryTable:
         environments=list(shard.environments.values()),
         total=len(rows),
     )
+
+
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def read_report(path: str | os.PathLike[str]) -> MemoryTable:
