@@ -456,6 +456,27 @@ def test_collection_time_gpu_guards(pytester: pytest.Pytester) -> None:
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+LOADER = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def test_measured(vram):
+    data = TensorDataset(torch.arange(16.0).view(8, 2), torch.arange(8))
+    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=2)
+    assert sorted(int(i) for _, labels in loader for i in labels) == list(range(8))
+"""
+
+
+@pytest.mark.slow
+def test_a_measured_loader_with_workers_leaves_nothing_behind(pytester: pytest.Pytester) -> None:
+    # Its shape-only attempt stops inside the loader's iterator, half-built: withdrawn quietly.
+    pytester.makepyfile(test_loader=LOADER)
+    result = pytester.runpytest_subprocess("--vram-report", "-W", "error", "-p", "no:randomly")
+    result.assert_outcomes(passed=1)
+    assert "Unraisable" not in result.stdout.str()
+
+
 # A root conftest that decides its devices when pytest imports it, before any hook of the
 # session runs.
 DEVICES_CONFTEST = """

@@ -44,7 +44,7 @@ from _pytest.runner import runtestprotocol
 from pytest_vram.backends import resolve_name
 from pytest_vram.backends.sim.attempts import ShapeOnlyAttempts
 from pytest_vram.errors import LeakError
-from pytest_vram.raised import is_out_of_memory
+from pytest_vram.raised import is_out_of_memory, release_exception
 
 __all__ = [
     "COMPUTING",
@@ -435,6 +435,25 @@ class ValuesOnDemand:
         if isinstance(sections, list):
             sections[:] = saved[1]
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        if call.excinfo is None or item.stash.get(MAY_RUN_AGAIN, None) != "shape-only":
+            return report
+        # What the test raised, where the session reports a shorter error in its stead.
+        raised = self._tests.raised_in(item) or call.excinfo.value
+        if run_again(item, raised):
+            # A withdrawn attempt: what it left half-built on fake tensors (a DataLoader's
+            # iterator that never started its workers) dies now, and what its __del__ raises
+            # is the attempt's, not the test's.
+            hook, sys.unraisablehook = sys.unraisablehook, _ignore
+            try:
+                release_exception(raised)
+                release_exception(call.excinfo.value)
+            finally:
+                sys.unraisablehook = hook
+        return report
+
     # -- fixtures of a broader scope ------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
@@ -508,6 +527,10 @@ class ValuesOnDemand:
 
     def close(self) -> None:
         self.attempts.close()
+
+
+def _ignore(unraisable: Any) -> None:
+    pass
 
 
 def _files_in_cache(cache: Any, key: str) -> set[str]:
