@@ -39,8 +39,8 @@ from bench_sim import CONFIG, SEQ, STEPS, run_plain, train
 
 from pytest_vram.attribution.breakdown import PeakBreakdown
 from pytest_vram.attribution.leaks import LeakSiteRecorder
-from pytest_vram.attribution.trace import TraceLog
 from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.tracelog import TraceLog
 
 
 def _on_sim(attach: Callable[[SimBackend], Callable[[], None]] | None) -> float:

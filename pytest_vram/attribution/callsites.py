@@ -11,7 +11,7 @@ import sys
 import sysconfig
 from types import FrameType
 
-__all__ = ["Site", "format_site", "is_user_file", "stack", "user_frames"]
+__all__ = ["Site", "format_site", "is_user_file", "user_frames"]
 
 #: ``(filename, line, function)`` of one frame.
 Site = tuple[str, int, str]
@@ -72,20 +72,6 @@ def user_frames(limit: int = 3, start: FrameType | None = None) -> tuple[Site, .
                 break
         frame = frame.f_back
     return tuple(found)
-
-
-def stack(start: FrameType | None = None) -> list[tuple[object, int]]:
-    """The whole stack as ``(code, line)`` pairs, innermost first: cheap to take, turned into
-    names only when a snapshot is written. pytest's and pluggy's own frames are left out."""
-    frame = start if start is not None else sys._getframe(1)
-    frames = []
-    while frame is not None:
-        code = frame.f_code
-        filename = code.co_filename
-        if "pluggy" not in filename and "_pytest" not in filename:
-            frames.append((code, frame.f_lineno))
-        frame = frame.f_back
-    return frames
 
 
 def format_site(site: Site, root: str | None = None) -> str:

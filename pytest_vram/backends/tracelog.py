@@ -1,6 +1,6 @@
 """A memory snapshot in PyTorch's format from the sim and cpu backends.
 
-:class:`TraceLog` listens to the storage tracker during a test and keeps what
+:class:`TraceLog` listens to the storage tracker and keeps what
 ``torch.cuda.memory._record_memory_history`` would: every allocation and free with the Python
 stack that made it. :meth:`TraceLog.snapshot` turns it into the dict that
 ``torch.cuda.memory._snapshot()`` returns (``segments`` with their ``blocks``, and
@@ -15,15 +15,28 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from types import FrameType
 from typing import Any
 
-from pytest_vram.attribution.callsites import stack
-
-__all__ = ["TraceLog"]
+__all__ = ["TraceLog", "stack"]
 
 # As many trace entries as the cuda backend asks the allocator to keep.
 MAX_ENTRIES = 100_000
 _SMALL_SEGMENT = 2 << 20
+
+
+def stack(start: FrameType | None = None) -> list[tuple[object, int]]:
+    """The whole stack as ``(code, line)`` pairs, innermost first: cheap to take, turned into
+    names only when a snapshot is written. pytest's and pluggy's own frames are left out."""
+    frame = start if start is not None else sys._getframe(1)
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        filename = code.co_filename
+        if "pluggy" not in filename and "_pytest" not in filename:
+            frames.append((code, frame.f_lineno))
+        frame = frame.f_back
+    return frames
 
 
 class TraceLog:

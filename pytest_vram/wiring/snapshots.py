@@ -2,7 +2,7 @@
 
 On cuda the allocator records its own history (``torch.cuda.memory._record_memory_history``)
 and ``torch.cuda.memory._snapshot`` reads it. On sim and cpu a
-:class:`~pytest_vram.attribution.trace.TraceLog` listens to the storage tracker while each test
+:class:`~pytest_vram.backends.tracelog.TraceLog` listens to the storage tracker while each test
 runs and writes the same dict: the simulated allocator's segments and blocks on sim, one
 segment per storage on cpu, and a trace of every allocation and free with its Python stack.
 
@@ -88,7 +88,7 @@ class SnapshotRecorder:
 
     def _start_log(self, backend: Backend) -> None:
         from pytest_vram.attribution.sources import TrackerSource
-        from pytest_vram.attribution.trace import TraceLog
+        from pytest_vram.backends.tracelog import TraceLog
 
         self.stop()
         source = TrackerSource(backend)
