@@ -270,6 +270,7 @@ def test_growth_names_the_categories_that_grew() -> None:
         "optimizer": 0,
         "activations": 5,
         "temporaries": 0,
+        "cublas_workspaces": 0,
         "other": 0,
     }
 

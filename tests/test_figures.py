@@ -51,6 +51,7 @@ ROW: dict[str, Any] = {
             "optimizer": 0,
             "activations": 2048,
             "temporaries": 2560,
+            "cublas_workspaces": 0,
             "other": 0,
         },
         "modules": [],

@@ -14,6 +14,7 @@ from pytest_vram.record.figures import (
     MEASURED_FIGURES,
     SCENARIO_FIGURES,
     category_figures,
+    category_label,
     entry_categories,
     entry_for_rank,
     figure_unit,
@@ -78,10 +79,22 @@ def test_an_entrys_category_totals_read_back_by_category() -> None:
         "optimizer": 0,
         "activations": 200,
         "temporaries": 0,
+        "cublas_workspaces": 0,
         "other": 0,
     }
     assert entry_categories({"peak_allocated": 300}) is None
     assert entry_categories(None) is None
+
+
+def test_the_cublas_workspaces_are_a_category_of_their_own() -> None:
+    assert is_known_figure("peak_cublas_workspaces")
+    assert category_label("cublas_workspaces") == "cuBLAS workspaces"
+    assert category_label("activations") == "activations"
+    # An entry stored before the category existed (the workspaces in peak_other) still reads.
+    old = {"peak_allocated": 96, "peak_other": 64, "peak_parameters": 32}
+    categories = entry_categories(old)
+    assert categories is not None
+    assert (categories["other"], categories["cublas_workspaces"]) == (64, 0)
 
 
 def test_a_rank_copy_is_named_for_its_figure_and_counts_as_it_does() -> None:

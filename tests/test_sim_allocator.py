@@ -198,9 +198,11 @@ def test_breakdown_and_snapshot_name_the_workspaces(pytester: pytest.Pytester) -
     result.assert_outcomes(failed=1)
     (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
     breakdown = test["breakdown"]
-    assert breakdown["categories"]["other"] >= 2 * HOPPER_WORKSPACE
+    # Their own category, not other: a budget they break names them.
+    assert breakdown["categories"]["cublas_workspaces"] == 2 * HOPPER_WORKSPACE
+    assert breakdown["categories"]["other"] == 0
     modules = {module["name"]: module for module in breakdown["modules"]}
-    assert modules["cuBLAS workspace"]["categories"] == {"other": 2 * HOPPER_WORKSPACE}
+    assert modules["cuBLAS workspace"]["categories"] == {"cublas_workspaces": 2 * HOPPER_WORKSPACE}
     (path,) = (pytester.path / "snaps").iterdir()
     snapshot = pickle.loads(path.read_bytes())
     workspaces = [
@@ -211,6 +213,20 @@ def test_breakdown_and_snapshot_name_the_workspaces(pytester: pytest.Pytester) -
     assert [e["size"] for e in workspaces] == [HOPPER_WORKSPACE] * 2
     frame = next(f for f in workspaces[0]["frames"] if f["name"] == "cublas_workspace")
     assert Path(frame["filename"]).name == "workspaces.py"
+
+
+def test_a_budget_the_workspaces_break_names_them(pytester: pytest.Pytester) -> None:
+    # The tensors take 320 KiB; the two workspaces 64 MiB.
+    pytester.makepyfile(
+        test_mm=MATMUL_TEST.replace("def test_matmul", "@max_vram('16MiB')\ndef test_matmul")
+        .replace("import torch", "import torch\nfrom pytest_vram import max_vram")
+        .replace('    assert False, "to get a snapshot"\n', "")
+    )
+    result = pytester.runpytest("--vram-backend=sim", "--vram-update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*exceeds max_vram(16.00 MiB)*", "at the peak: cuBLAS workspaces 64.00 MiB, *"]
+    )
 
 
 def test_an_unknown_gpu_model_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -4,9 +4,10 @@ The categories are those of ``torch.distributed._tools.mem_tracker.MemTracker``:
 ``parameters`` when it is a module's parameter, ``gradients`` when it is a parameter's
 ``.grad``, ``optimizer`` when it is in an optimizer's ``state``, ``activations`` when it was
 allocated during the forward of a module (activation-checkpointing recomputation included), and
-``temporaries`` otherwise; ``other`` is what none of these explain (buffers, memory held from
-before the test that it never touched, and on the cpu allocator counter what kernels allocate
-for themselves).
+``temporaries`` otherwise; ``cublas_workspaces`` are the workspaces cuBLAS keeps for the
+matrix multiplies of each thread (the simulated device names them); ``other`` is what none of
+these explain (buffers, memory held from before the test that it never touched, and on the cpu
+allocator counter what kernels allocate for themselves).
 
 How: a listener on the storage tracker logs each allocation and free as it happens (an append
 per event) with the module whose forward was running, and global module and optimizer hooks
@@ -23,7 +24,12 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytest_vram.record.figures import CATEGORIES, category_figures, entry_categories
+from pytest_vram.record.figures import (
+    CATEGORIES,
+    category_figures,
+    category_label,
+    entry_categories,
+)
 from pytest_vram.units import format_delta, format_size
 
 if TYPE_CHECKING:
@@ -47,7 +53,7 @@ MODULES_SHOWN = 8
 
 _FORWARD, _OPTIMIZER, _OUTSIDE = 1, 2, 0
 # Which category a storage that is more than one of these is counted in: the lowest.
-_RANK = {"parameters": 0, "gradients": 1, "optimizer": 2, "other": 3}
+_RANK = {"parameters": 0, "gradients": 1, "optimizer": 2, "cublas_workspaces": 3, "other": 4}
 # Where a broader-scoped fixture made in the test's setup allocated: classified as memory held
 # from before the test is, since a later test that uses the fixture finds it so.
 _HELD: tuple[int | None, str | None] = (None, None)
@@ -63,9 +69,9 @@ def describe_growth(current: Mapping[str, int], baseline: Mapping[str, int]) -> 
         elif now:
             unchanged.append(name)
     changed.sort(key=lambda item: -item[0])
-    parts = [f"{name} {format_delta(delta)}" for delta, name in changed]
+    parts = [f"{category_label(name)} {format_delta(delta)}" for delta, name in changed]
     if unchanged:
-        parts.append(f"{', '.join(unchanged)} unchanged")
+        parts.append(f"{', '.join(map(category_label, unchanged))} unchanged")
     return "; ".join(parts) if parts else "every category unchanged"
 
 
@@ -73,7 +79,8 @@ def describe_breakdown(breakdown: Mapping[str, Any]) -> str:
     """``activations 40.00 MiB, parameters 12.76 MiB, ...; largest modules: blocks.0 ...``."""
     categories = breakdown.get("categories") or {}
     ordered = sorted(((int(v), k) for k, v in categories.items() if v), key=lambda item: -item[0])
-    text = ", ".join(f"{name} {format_size(size)}" for size, name in ordered) or "nothing"
+    text = ", ".join(f"{category_label(name)} {format_size(size)}" for size, name in ordered)
+    text = text or "nothing"
     modules = breakdown.get("modules") or []
     if modules:
         text += "; largest modules: " + ", ".join(
@@ -197,8 +204,9 @@ class PeakBreakdown:
         self._adopted[tag] = size
 
     def named(self, tag: int, name: str) -> None:
-        # Memory of no module (a cuBLAS workspace): ``other``, listed under its name.
-        self._know(tag, "other", name)
+        # Memory of no module, a cuBLAS workspace (the one storage the simulated device
+        # names): its own category, listed under its name.
+        self._know(tag, "cublas_workspaces", name)
 
     def making_fixture(self, started: bool) -> None:
         self._making += 1 if started else -1

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_vram.record.figures import category_label
 from pytest_vram.units import format_delta, format_size
 
 __all__ = ["at", "grew_text"]
@@ -31,4 +32,4 @@ def grew_text(grew: dict[str, int] | None) -> str:
     if not grew:
         return ""
     changed = sorted(((delta, name) for name, delta in grew.items() if delta), reverse=True)
-    return ", ".join(f"{name} {format_delta(delta)}" for delta, name in changed)
+    return ", ".join(f"{category_label(name)} {format_delta(delta)}" for delta, name in changed)

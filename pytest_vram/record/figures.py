@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "CATEGORIES",
     "CATEGORY_FIGURES",
+    "CATEGORY_LABELS",
     "COMPARED_FIGURES",
     "COUNT_FIGURES",
     "LARGER_IS_BETTER",
@@ -32,6 +33,7 @@ __all__ = [
     "SCENARIO_FIGURES",
     "FigureError",
     "category_figures",
+    "category_label",
     "check_breakdown",
     "check_categories",
     "check_change",
@@ -97,7 +99,19 @@ SCENARIO_FIGURES = {
 _CHANGES = frozenset({"leak_growth"})
 
 #: The categories of a peak's breakdown (see :mod:`pytest_vram.attribution.breakdown`).
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "other")
+#: ``cublas_workspaces``, the workspaces cuBLAS keeps for matrix multiplies (one per thread
+#: that ran one), was ``other`` in baselines stored before it had its own category.
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "cublas_workspaces",
+    "other",
+)
+#: How messages and reports name a category whose key is not its name.
+CATEGORY_LABELS = {"cublas_workspaces": "cuBLAS workspaces"}
 # An entry keeps the category totals at the peak as ``peak_<category>``.
 _CATEGORY_PREFIX = "peak_"
 #: Category totals at the peak.
@@ -165,6 +179,11 @@ def stored_figures(
     if breakdown:
         figures.update(category_figures(breakdown))
     return figures
+
+
+def category_label(name: str) -> str:
+    """A category as messages name it: ``cuBLAS workspaces`` for ``cublas_workspaces``."""
+    return CATEGORY_LABELS.get(name, name)
 
 
 def category_figures(breakdown: Mapping[str, Any] | None) -> dict[str, int]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from pytest_vram.record.figures import category_label
 from pytest_vram.record.status import FAILING_STATUSES, Status
 from pytest_vram.report.document import (
     baseline_peak,
@@ -308,6 +309,7 @@ _CATEGORY_COLOURS = {
     "optimizer": "#0f766e",
     "activations": "#c2410c",
     "temporaries": "#ca8a04",
+    "cublas_workspaces": "#db2777",
     "other": "#8c959f",
 }
 
@@ -336,12 +338,12 @@ def _breakdown_figure(nodeid: str, breakdown: Mapping[str, Any]) -> str:
         colour = _CATEGORY_COLOURS.get(name, _OTHER_COLOUR)
         bar.append(
             f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="22" fill="{colour}">'
-            f"<title>{_e(name)} {_e(format_size(size))}</title></rect>"
+            f"<title>{_e(category_label(name))} {_e(format_size(size))}</title></rect>"
         )
         x += width
     legend = " · ".join(
         f'<span style="color:{_CATEGORY_COLOURS.get(n, _OTHER_COLOUR)}">&#9632;</span> '
-        f"{_e(n)} {_e(format_size(v))}"
+        f"{_e(category_label(n))} {_e(format_size(v))}"
         for n, v in categories.items()
     )
     rows = []
@@ -349,7 +351,9 @@ def _breakdown_figure(nodeid: str, breakdown: Mapping[str, Any]) -> str:
         if not isinstance(module, Mapping):
             continue
         split = module.get("categories") if isinstance(module.get("categories"), Mapping) else {}
-        parts = ", ".join(f"{k} {format_size(as_int(v) or 0)}" for k, v in split.items())
+        parts = ", ".join(
+            f"{category_label(str(k))} {format_size(as_int(v) or 0)}" for k, v in split.items()
+        )
         rows.append(
             f'<tr><td class="test">{_e(module.get("name") or "")}</td>'
             f'<td class="num">{_e(size_text(module.get("bytes"), _MISSING))}</td>'
