@@ -43,10 +43,11 @@ def add_cli_parsers(subcommands: Any) -> None:
 
     comparison = subcommands.add_parser(
         "compare",
-        help="compare the memory of two JUnit XML files",
+        help="compare the memory of two runs (JUnit XML files or --vram-json documents)",
         description=(
-            "Compare each test's peak allocated memory between two JUnit XML files. "
-            "Exit status 1 when a test grew beyond the tolerance, else 0."
+            "Compare each test's peak allocated memory between two runs, each a JUnit XML "
+            "file written with --junitxml or a document written with --vram-json (one of "
+            "each also works). Exit status 1 when a test grew beyond the tolerance, else 0."
         ),
     )
     comparison.add_argument(
