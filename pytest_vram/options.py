@@ -18,13 +18,32 @@ DEFAULT_SEED = 0
 
 DEFAULT_TOLERANCE = "5%"
 
+#: Which measured tests are compared, stored and held to --vram-strict: those that opted in
+#: (``marked``, a vram marker or fixture), or every measured test (``all``).
+GATES = ("marked", "all")
+#: Under ``--vram-gate=all``, the smallest change that fails a test that did not opt in: a
+#: plain unit test's few tensors change by kilobytes with every refactoring, which is noise,
+#: not a memory regression anybody asked to guard.
+DEFAULT_MIN_CHANGE = "1MiB"
+
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("vram", "GPU memory (pytest-vram)")
     group.addoption(
         "--vram-report",
         action="store_true",
-        help="measure every test and print a memory summary after the run",
+        help="measure every test (on the simulated device: every test that opted in) and "
+        "print a memory summary after the run; only tests that opted in are compared with "
+        "baselines unless --vram-gate=all",
+    )
+    group.addoption(
+        "--vram-gate",
+        choices=GATES,
+        default=None,
+        help="which measured tests are compared with their baselines, stored and held to "
+        "--vram-strict: marked (those with a vram marker or fixture) or all (every measured "
+        "test, and every test simulated on the simulated device). Default: ini vram_gate, or "
+        "marked",
     )
     group.addoption(
         "--vram-backend",
@@ -178,6 +197,13 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("vram_baseline_dir", "directory of the baseline files", default="baselines")
     parser.addini("vram_tolerance", "default tolerance against baselines", default="")
+    parser.addini("vram_gate", "which measured tests are gated: marked or all", default="")
+    parser.addini(
+        "vram_min_change",
+        "under vram_gate = all, the smallest change that fails a test that did not opt in "
+        f"(default {DEFAULT_MIN_CHANGE})",
+        default="",
+    )
     parser.addini("vram_seed", "seed of each measured test, or off", default="")
     parser.addini("vram_strict", "fail tests without a baseline entry", type="bool", default=False)
     parser.addini("vram_junit_properties", "add vram_* JUnit properties", type="bool", default=True)
@@ -211,18 +237,38 @@ class Settings:
     sim_gpu: str | None = None
     #: Where the simulated device puts tensors made without a device: device or host.
     sim_host_tensors: str = "device"
+    #: Which measured tests are gated: ``marked`` (those that opted in) or ``all``.
+    gate: str = "marked"
+    #: Under ``gate == "all"``: the smallest change in bytes that fails a test that did not
+    #: opt in.
+    min_change: int = 1 << 20
+    #: Whether the seed was given (option or ini): then tests that did not opt in are seeded
+    #: too; otherwise they keep the random state plain pytest gives them.
+    seed_given: bool = False
+
+    @property
+    def gate_all(self) -> bool:
+        return self.gate == "all"
 
     @property
     def measure_all(self) -> bool:
-        """Whether every test is measured, marked or not."""
+        """Whether tests that did not opt in are measured too (on the simulated device, only
+        where :attr:`simulate_all` says so)."""
+        return self.report or self.sim_cuda_available or (self.update_baselines and self.gate_all)
+
+    @property
+    def simulate_all(self) -> bool:
+        """Whether the simulated device runs tests that did not opt in: only when asked, since
+        simulating a test changes how it runs, where reading a GPU's counters does not."""
         # Tests that collection let through for the simulated GPU need it to run.
-        return self.report or self.update_baselines or self.sim_cuda_available
+        return self.sim_cuda_available or self.gate_all
 
     @property
     def wants_session(self) -> bool:
         """Whether the run reports or writes something even when no test is measured."""
         return (
             self.measure_all
+            or self.update_baselines
             or self.prune_baselines
             or any(
                 path is not None for path in (self.json_path, self.markdown_path, self.html_path)
@@ -265,7 +311,18 @@ class Settings:
                 config.invocation_params.dir if option("--vram-baseline-dir") else config.rootpath
             )
             baseline_dir = base / baseline_dir
-        seed = _seed(option("--vram-seed") or config.getini("vram_seed") or str(DEFAULT_SEED))
+        seed_text = option("--vram-seed") or config.getini("vram_seed")
+        seed = _seed(seed_text or str(DEFAULT_SEED))
+        gate = option("--vram-gate") or config.getini("vram_gate") or "marked"
+        if gate not in GATES:
+            raise pytest.UsageError(
+                f"vram_gate = {gate!r} is not a gate: expected one of {', '.join(GATES)}"
+            )
+        min_change_text = config.getini("vram_min_change") or DEFAULT_MIN_CHANGE
+        try:
+            min_change = parse_size(min_change_text)
+        except SizeError as exc:
+            raise pytest.UsageError(f"vram_min_change: {exc}") from None
         sim_compute = option("--vram-sim-compute") or config.getini("vram_sim_compute") or "auto"
         if sim_compute not in ("auto", "never", "always"):
             raise pytest.UsageError(
@@ -310,6 +367,9 @@ class Settings:
             sim_compute=sim_compute,
             sim_gpu=sim_gpu,
             sim_host_tensors=host_tensors,
+            gate=gate,
+            min_change=min_change,
+            seed_given=bool(seed_text),
             sim_cuda_available=bool(
                 config.getini("vram_sim_cuda_available")
                 if cuda_available is None

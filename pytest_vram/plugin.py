@@ -74,10 +74,16 @@ def pytest_configure(config: pytest.Config) -> None:
             create_backend("cuda").close()
         except BackendUnavailable as exc:
             raise pytest.UsageError(f"--vram-backend=cuda: {exc}") from None
-    if settings.wants_session and not hasattr(config, "workerinput"):
-        from pytest_vram.wiring.preflight import preflight
+    if not hasattr(config, "workerinput"):  # only the controller writes
+        junit_path = config.getoption("xmlpath", None)
+        if settings.wants_session or junit_path or settings.snapshot_dir is not None:
+            from pytest_vram.wiring.preflight import clashes, preflight
 
-        preflight(settings)  # only the controller writes
+            problems = clashes(settings, junit_path, xdist=is_xdist_controller(config))
+            if problems:
+                raise pytest.UsageError("\n".join(problems))
+            if settings.wants_session:
+                preflight(settings)
     # A malformed baseline file stops the run before any test; a project without baseline
     # files loads nothing (nor the YAML library).
     store = _load_store(settings) if _has_baseline_files(settings) else None
@@ -155,8 +161,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     lines = [session.header_line()]
     if settings.seed is not None and settings.measure_all:
+        which = "measured test" if settings.seed_given else "test that opted in"
         lines.append(
-            f"vram: each measured test starts from its own seed, derived from {settings.seed} "
+            f"vram: each {which} starts from its own seed, derived from {settings.seed} "
             "(--vram-seed)"
         )
     return lines

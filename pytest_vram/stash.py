@@ -21,6 +21,7 @@ __all__ = [
     "MARKER_ERROR",
     "MARKS",
     "MEASUREMENT",
+    "OPTED_IN",
     "PROPERTIES",
     "RECORD",
     "REPORTED_FAILED",
@@ -31,6 +32,10 @@ __all__ = [
 
 #: Set on the tests that are measured: their parsed markers.
 MARKS: pytest.StashKey[VramMarks] = pytest.StashKey()
+#: Set on the tests that are measured: whether the test opted in (a vram marker or fixture).
+#: Only those are compared with baselines, stored and held to --vram-strict, unless every
+#: measured test is gated (--vram-gate=all).
+OPTED_IN: pytest.StashKey[bool] = pytest.StashKey()
 #: Set on a test whose vram markers are malformed; its setup reports the error.
 MARKER_ERROR: pytest.StashKey[MarkerError] = pytest.StashKey()
 

@@ -17,7 +17,8 @@ from pytest_vram.attribution.breakdown import (
     describe_growth,
     entry_categories,
 )
-from pytest_vram.baselines.compare import FigureChange, compare_with_entry
+from pytest_vram.baselines.compare import FigureChange, compare_with_entry, unmeasured_figures
+from pytest_vram.record.figures import figure_unit
 from pytest_vram.record.record import BudgetResult, TestRecord
 from pytest_vram.record.status import Status
 from pytest_vram.units import describe_size, format_size
@@ -66,15 +67,21 @@ def judge(
     *,
     error: str | None = None,
     unmeasured: Mapping[str, str] | None = None,
+    gated: bool = True,
+    floor: int = 0,
 ) -> Verdict:
     """Judge a finished test: its budgets, then (when it passed) its baseline.
 
     ``outcome`` is how the test ended and ``error`` the first line of what it raised (an OOM
     or a leak check's message). ``unmeasured`` says, per metric this backend cannot measure,
-    why. The status is the worst of everything found.
+    why. A test that is not ``gated`` (it did not opt in) is never compared, stored or held to
+    --vram-strict; a gated test that did not opt in fails only for a change of more than
+    ``floor`` bytes. The status is the worst of everything found.
     """
     if outcome is Outcome.SKIPPED:
         return Verdict(Status.SKIPPED)
+    if not gated:
+        return Verdict(_OUTCOME_STATUS.get(outcome, Status.UNGATED))
     if outcome is Outcome.PASSED and not marks.budgets and entry is None and not settings.strict:
         # Most tests of a suite without baselines: nothing to check, and nothing to say.
         return Verdict(Status.OK if settings.update_baselines else Status.NEW)
@@ -94,11 +101,22 @@ def judge(
     notes += unchecked
     baseline = None
     if outcome is Outcome.PASSED and not settings.update_baselines:
-        baseline = _compare(record, marks, entry, settings, found, failures, notes)
+        baseline = _compare(record, marks, entry, settings, found, failures, notes, floor)
     status = min(found, key=lambda status: status.rank, default=Status.OK)
-    if status in (Status.OVER_BUDGET, Status.REGRESSION) and _categories(record) is not None:
+    grew = Status.OVER_BUDGET in found or any(
+        line.startswith("memory regression") for line in failures
+    )
+    if grew and _categories(record) is not None:
         failures.insert(_last_figure_line(failures), _where(record, entry))
     return Verdict(status, failures, notes, budgets, baseline, warnings=unchecked)
+
+
+# How a test that is not gated ended: its own failure, never its memory's.
+_OUTCOME_STATUS = {
+    Outcome.FAILED: Status.FAILED,
+    Outcome.OUT_OF_MEMORY: Status.OOM,
+    Outcome.LEAKED: Status.LEAK,
+}
 
 
 def _last_figure_line(failures: list[str]) -> int:
@@ -178,8 +196,11 @@ def _compare(
     found: list[Status],
     failures: list[str],
     notes: list[str],
+    floor: int = 0,
 ) -> dict[str, int] | None:
-    """Compare the record's figures with its baseline ``entry``; the entry compared with."""
+    """Compare the record's figures with its baseline ``entry``; the entry compared with.
+
+    A change in bytes of ``floor`` or less is neither a regression nor an improvement."""
     update = f"pytest --vram-update-baselines {record.nodeid}"
     if entry is None:
         found.append(Status.NEW)
@@ -192,19 +213,38 @@ def _compare(
         return None
     baseline = dict(entry)
     tolerance = marks.tolerance or settings.tolerance
-    changes = compare_with_entry(record.figures(), dict(entry), tolerance)
+    current = record.figures()
+    changes = compare_with_entry(current, baseline, tolerance)
+    if floor:
+        changes = [change for change in changes if change.beyond(floor)]
     hint = f"if this is intended, update the baseline: {update}"
     regressions = [change for change in changes if change.regressed]
     improvements = [change for change in changes if change.improved]
-    if regressions:
+    # A stored figure this run did not measure (a scenario the test no longer runs, a rank
+    # that no longer reports) would otherwise pass unchecked.
+    missing = {
+        name: value
+        for name, value in unmeasured_figures(current, baseline).items()
+        if name not in record.unstored  # measured, and never stored on this backend
+    }
+    if regressions or missing:
         found.append(Status.REGRESSION)
         failures += [f"memory regression: {_describe(c, record)}" for c in regressions]
+        failures += [
+            f"the baseline stores {name} = {_stored_value(name, value)} and this run did not "
+            "measure it"
+            for name, value in missing.items()
+        ]
         failures.append(hint)
     elif improvements:
         found.append(Status.IMPROVED)
         notes += [f"improved: {_describe(c, record)}" for c in improvements]
         notes.append(hint)
     return baseline
+
+
+def _stored_value(name: str, value: int) -> str:
+    return str(value) if figure_unit(name) == "count" else format_size(value)
 
 
 def _describe(change: FigureChange, record: TestRecord) -> str:

@@ -291,10 +291,10 @@ def test_skipped_tests_are_reported_skipped_and_never_stored(pytester: pytest.Py
         import pytest, torch
 
         @pytest.mark.skip(reason="not today")
-        def test_marked():
+        def test_marked(vram):
             pass
 
-        def test_skips_itself():
+        def test_skips_itself(vram):
             x = torch.ones(256)
             pytest.skip("after allocating")
 
@@ -302,10 +302,10 @@ def test_skipped_tests_are_reported_skipped_and_never_stored(pytester: pytest.Py
         def skipping_fixture():
             pytest.skip("from a fixture")
 
-        def test_fixture_skips(skipping_fixture):
+        def test_fixture_skips(vram, skipping_fixture):
             pass
 
-        def test_runs():
+        def test_runs(vram):
             x = torch.ones(256)
         """
     )

@@ -350,8 +350,8 @@ def test_report_lists_measured_tests_worst_first(pytester: pytest.Pytester) -> N
             "test_report_lists*::test_over * cpu * 4.00 KiB * 4.00 KiB * 0 B * - * - * over-budget",
             "test_report_lists*::test_big * cpu * 4.00 MiB * 4.00 MiB * 0 B * new",
             "test_report_lists*::test_small * cpu * 1.00 KiB * 1.00 KiB * 0 B * new",
-            "test_report_lists*::test_unmeasured * cpu * 0 B * new",
-            "4 measured tests: 1 over-budget, 3 new",
+            "test_report_lists*::test_unmeasured * cpu * 0 B * ungated",
+            "4 measured tests: 1 over-budget, 2 new, 1 ungated",
         ]
     )
 
@@ -583,6 +583,6 @@ def test_a_finished_test_lets_go_of_what_measured_it(pytester: pytest.Pytester) 
         ["ALIVE [[]('OwnView', 1), ('TestMeasurement', 0), ('Verdict', 0)[]]"]
     )
     # Each test's figures are still its own.
-    result.stdout.fnmatch_lines(["*::test_small[[]0[]] * cpu * 256 B * 256 B *0 B*new"])
-    result.stdout.fnmatch_lines(["*::test_small[[]29[]] * cpu * 7.50 KiB * 7.50 KiB *0 B*new"])
+    result.stdout.fnmatch_lines(["*::test_small[[]29[]] * cpu * 7.50 KiB * 7.50 KiB *0 B*ungated"])
+    result.stdout.fnmatch_lines(["*::test_small[[]10[]] * cpu * 2.75 KiB * 2.75 KiB *0 B*ungated"])
     result.stdout.fnmatch_lines(["*::test_under * cpu * 4.00 KiB * 4.00 KiB *0 B*new"])

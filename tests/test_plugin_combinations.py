@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 
-def test_random_size():
+def test_random_size(vram):
     n = random.randint(1, 1 << 16) + int(np.random.randint(1, 1 << 16))
     torch.empty(n)
 """
@@ -29,7 +29,7 @@ FLAKY = """
 import torch
 
 
-def test_flaky(request):
+def test_flaky(request, vram):
     run = getattr(request.node, "execution_count", 3)  # pytest-rerunfailures counts runs
     torch.empty(1024 * run)
     assert run >= 3
@@ -97,12 +97,12 @@ def test_timeout_fails_a_measured_test_that_is_not_stored(pytester: pytest.Pytes
         import torch
 
 
-        def test_reads_values():
+        def test_reads_values(vram):
             assert bool((torch.ones(3) > 0).all())
 
 
         @pytest.mark.timeout(1)
-        def test_too_slow():
+        def test_too_slow(vram):
             torch.ones(3)
             time.sleep(30)
         """

@@ -117,7 +117,7 @@ def shard_documents(
     return paths
 
 
-@pytest.mark.parametrize("mode", ["--vram-report", "--vram-update-baselines"])
+@pytest.mark.parametrize("mode", ["--vram-report", "--vram-update-baselines", "-q"])
 def test_merged_shards_store_what_one_unsharded_run_stores(
     suite: pytest.Pytester, capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
@@ -129,16 +129,17 @@ def test_merged_shards_store_what_one_unsharded_run_stores(
 
     assert baseline_files(suite.path / "merged") == expected
     stored = expected["cpu.yaml"]
-    # Failed memory checks, failed and skipped tests are not stored; the others are, with
-    # their scenario figures, and the entry of the test that ran nowhere is kept.
-    for absent in ("zeta_over_budget", "eta_fails", "theta_skipped"):
+    # Failed memory checks, failed and skipped tests are not stored, nor the tests that did
+    # not opt in; the others are, with their scenario figures, and the entry of the test that
+    # ran nowhere is kept.
+    for absent in ("zeta_over_budget", "eta_fails", "theta_skipped", "beta_unmarked", "iota"):
         assert absent not in stored
-    for present in ("test_beta_unmarked", "test_iota[64]", "idle:", "single_step_peak:"):
+    for present in ("test_gamma_idle", "idle:", "single_step_peak:"):
         assert present in stored
     assert "leak_growth: 0" in stored
     assert "test_other.py::test_kept:\n    peak_allocated: 123" in stored
     assert "environment:\n  backend: cpu" in stored
-    assert capsys.readouterr().out.startswith("baselines: 7 added, 1 updated, 0 removed in merged")
+    assert capsys.readouterr().out.startswith("baselines: 3 added, 1 updated, 0 removed in merged")
 
 
 # Three xdist runs, two workers each: test_prune_names_a_shard_that_cannot_tell_what_is_stale
@@ -179,14 +180,14 @@ def test_prune_removes_what_an_unsharded_prune_removes(suite: pytest.Pytester) -
     assert baseline_files(suite.path / "merged") == expected
 
 
-def test_a_shard_that_measured_only_marked_tests_is_refused(
+def test_a_shard_that_gated_every_test_and_measured_only_marked_ones_is_refused(
     suite: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    suite.runpytest(CPU, "test_suite.py", "--vram-json=marked.json")
+    suite.runpytest(CPU, "test_suite.py", "--vram-gate=all", "--vram-json=marked.json")
 
     assert main(["update-baselines", "marked.json", "--baseline-dir", "merged"]) == 2
     error = capsys.readouterr().err
-    assert "marked.json: that run measured only the tests with a vram marker" in error
+    assert "marked.json: that run gated every test (--vram-gate=all) but measured only" in error
     assert "--vram-report" in error
     assert not (suite.path / "merged").exists()
 

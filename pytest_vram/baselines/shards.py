@@ -96,9 +96,10 @@ def merge_shards(shards: list[Shard], baseline_dir: Path, prune: bool = False) -
     for shard in shards:
         if shard.measured_all is False:
             raise ShardError(
-                f"{shard.path}: that run measured only the tests with a vram marker or "
-                "fixture, while --vram-update-baselines measures every test: run each shard "
-                "with --vram-report (or --vram-update-baselines) as well as --vram-json"
+                f"{shard.path}: that run gated every test (--vram-gate=all) but measured only "
+                "the tests with a vram marker or fixture, while --vram-update-baselines would "
+                "store every test: run each shard with --vram-report (or "
+                "--vram-update-baselines) as well as --vram-json"
             )
     _check_duplicates(shards)
     try:

@@ -49,8 +49,12 @@ class TestMeasurement:
         self.record = TestRecord(nodeid, backend.name, device or backend.device_class)
         #: The test's parsed markers, set by the session.
         self.marks: VramMarks | None = None
-        #: The test's baseline entry on its device, None when it has none.
+        #: The test's baseline entry on its device, None when it has none or is not gated.
         self.entry: Mapping[str, int] | None = None
+        #: Whether the test opted in (a vram marker or fixture), set by the session.
+        self.opted_in = True
+        #: Whether the test is compared with its baseline, stored and held to --vram-strict.
+        self.gated = True
         #: The names of the test's broader-scoped fixtures, whose values count as its own.
         self.fixtures: tuple[str, ...] = ()
         #: Whether the test's peak is broken down (attribution).

@@ -18,6 +18,9 @@ class Status(str, enum.Enum):
     NEW = "new"
     IMPROVED = "improved"
     OK = "ok"
+    #: Measured and reported, never compared or stored: the test did not opt in (a vram
+    #: marker or fixture) and not every test is gated.
+    UNGATED = "ungated"
     SKIPPED = "skipped"
 
     def __str__(self) -> str:
@@ -48,7 +51,7 @@ _FAILING = frozenset(
     {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.REGRESSION, Status.FAILED}
 )
 _NOT_STORED = frozenset(
-    {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.FAILED, Status.SKIPPED}
+    {Status.OOM, Status.OVER_BUDGET, Status.LEAK, Status.FAILED, Status.UNGATED, Status.SKIPPED}
 )
 #: The values of the failing statuses, for readers of plain data (JSON, JUnit).
 FAILING_STATUSES = frozenset(status.value for status in _FAILING)

@@ -49,6 +49,7 @@ class RunEnd:
         environments: dict[str, dict[str, Any]],
         notes: list[str],
         junit_properties: bool,
+        ran: set[str] | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -59,11 +60,29 @@ class RunEnd:
         self.environments = environments
         self.notes = notes
         self.junit_properties = junit_properties
+        #: The node ids of the tests that ran (measured or not), filled by the session.
+        self.ran = set() if ran is None else ran
 
     def stale_entries(self) -> list[str]:
-        """Baseline entries of tests that no longer exist."""
-        nodeids = {n for baseline in self.store.files.values() for n in baseline.entries}
-        return self.selection.stale(nodeids)
+        """Baseline entries of tests that no longer exist, or no longer opt in while only
+        tests that opt in are gated."""
+        return self.selection.stale(self._stored_nodeids())
+
+    def _stored_nodeids(self) -> set[str]:
+        return {n for baseline in self.store.files.values() for n in baseline.entries}
+
+    def not_measured(self) -> tuple[int, str]:
+        """How many tests ran without being measured, and why."""
+        measured = {record.nodeid for record in self.records}
+        count = len(self.ran - measured)
+        if self.settings.measure_all:  # only the simulated device leaves tests out then
+            why = (
+                "they did not opt in (a vram marker or fixture), and the simulated device "
+                "runs only tests that do (--vram-gate=all simulates every test)"
+            )
+        else:
+            why = "they did not opt in (a vram marker or fixture); --vram-report measures them too"
+        return count, why
 
     def finish(self, session: pytest.Session) -> None:
         """Warn about the baselines, update or prune them, and write the reports."""
@@ -74,13 +93,19 @@ class RunEnd:
                 self._warn_run(session, path, message)
         if self.settings.report and not self.settings.prune_baselines:
             stale = self.stale_entries() if self.selection.collected is not None else []
+            unopted = set(self.selection.no_longer_opted_in(stale))
             for baseline in self.store.files.values():
                 in_file = [nodeid for nodeid in stale if nodeid in baseline.entries]
-                if in_file:
-                    self._warn_run(session, baseline.path, _stale_warning(in_file))
+                gone = [nodeid for nodeid in in_file if nodeid not in unopted]
+                if gone:
+                    self._warn_run(session, baseline.path, _stale_warning(gone))
+                ungated = [nodeid for nodeid in in_file if nodeid in unopted]
+                if ungated:
+                    self._warn_run(session, baseline.path, _unopted_warning(ungated))
         writer = BaselineWriter(self.store, self.environments)
         if self.settings.update_baselines:
             writer.update(self.records)
+            self._missing_ranks(session)
         if self.settings.prune_baselines:
             if self.selection.collected is None:
                 self.notes.append(
@@ -108,8 +133,17 @@ class RunEnd:
         """The vram report (with ``--vram-report``) and the notes, at the end of the output."""
         if self.settings.report:
             terminalreporter.write_sep("=", "vram report")
+            stale = self.stale_entries()
+            unopted = set(self.selection.no_longer_opted_in(stale))
+            json_path = self.settings.json_path
             # One write: a line at a time costs milliseconds per thousand tests.
-            lines = terminal_lines(self.records, self.stale_entries())
+            lines = terminal_lines(
+                self.records,
+                [nodeid for nodeid in stale if nodeid not in unopted],
+                no_longer_opted_in=sorted(unopted),
+                not_measured=self.not_measured(),
+                all_in=f"--vram-json {shown_path(json_path)}" if json_path else None,
+            )
             terminalreporter.write("\n".join(lines) + "\n")
         for note in self.notes:
             terminalreporter.write_line(f"pytest-vram: {note}")
@@ -117,10 +151,28 @@ class RunEnd:
     def _run_facts(self) -> dict[str, Any]:
         """What merging this run's --vram-json into the baselines needs (see shards.py)."""
         collected = self.selection.collected is not None
+        settings = self.settings
         return {
-            "measured": "all" if self.settings.measure_all else "marked",
+            # Whether every gated test was measured: what a merge of shards needs.
+            "measured": "all" if settings.measure_all or not settings.gate_all else "marked",
+            "gate": settings.gate,
+            "not_measured": self.not_measured()[0],
             "stale": self.stale_entries() if collected else None,
         }
+
+    def _missing_ranks(self, session: pytest.Session) -> None:
+        """A test some rank never reported is not stored: its entry would lose that rank's
+        figures and the maximum over ranks could fall. The run says so and fails."""
+        for record in self.records:
+            if record.missing_ranks:
+                ranks = ", ".join(str(rank) for rank in record.missing_ranks)
+                self.notes.append(
+                    f"error: {record.nodeid} was not stored: no figures from rank {ranks}, "
+                    "so its stored figures are kept; run the update again once every rank "
+                    "reports"
+                )
+                if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _counter_changes(self) -> list[str]:
         """Baselines measured with the other cpu counter: their peaks are not this run's kind."""
@@ -191,6 +243,16 @@ def shown_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def _unopted_warning(nodeids: list[str]) -> str:
+    shown = ", ".join(nodeids[:3]) + (f" and {len(nodeids) - 3} more" if len(nodeids) > 3 else "")
+    entries, them = ("entry belongs", "it") if len(nodeids) == 1 else ("entries belong", "them")
+    return (
+        f"{len(nodeids)} baseline {entries} to tests that no longer opt in ({shown}): only "
+        f"tests with a vram marker or fixture are compared (--vram-gate=all compares every "
+        f"test); --vram-prune-baselines removes {them}"
+    )
 
 
 def _stale_warning(stale: list[str]) -> str:

@@ -40,6 +40,7 @@ from pytest_vram.stash import (
     MARKER_ERROR,
     MARKS,
     MEASUREMENT,
+    OPTED_IN,
     RECORD,
     REPORTED_FAILED,
     SUBTEST_ERRORS,
@@ -90,6 +91,9 @@ class VramSession:
         self.records: list[TestRecord] = []
         self.environments: dict[str, dict[str, Any]] = self.pool.environments
         self.notes: list[str] = []
+        #: The node ids of the tests that ran, measured or not: those without a record ran
+        #: unmeasured.
+        self.ran: set[str] = set()
         self.snapshots = SnapshotRecorder(settings.snapshot_dir)
         self.attribution = Attribution(getattr(settings, "breakdown", False))
         #: The raw allocation each backend had when its last measured test ended.
@@ -118,6 +122,7 @@ class VramSession:
             environments=self.environments,
             notes=self.notes,
             junit_properties=self.junit_properties,
+            ran=self.ran,
         )
 
     def close(self) -> None:
@@ -198,8 +203,12 @@ class VramSession:
             ranks = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)
         nodeid = item.nodeid
-        if self.seeder is not None:
-            self.seeder.start(nodeid)
+        opted_in = item.stash.get(OPTED_IN, True)
+        # A test that did not opt in keeps the random state plain pytest gives it, unless a
+        # seed was asked for.
+        seeded = self.seeder is not None and (opted_in or self.settings.seed_given)
+        if seeded:
+            self.seeder.start(nodeid)  # type: ignore[union-attr]
         name = backend.name
         device = pool.device_classes[name]
         fixtures = broader_scoped(item, self._broader)
@@ -211,14 +220,17 @@ class VramSession:
         measurement.marks = marks
         measurement.fixtures = fixtures or ()
         measurement.ranks = ranks
-        # Looked up once: the judge and attribution read the same entry.
-        entry = measurement.entry = self.store.entry(device, nodeid)
+        measurement.opted_in = opted_in
+        measurement.gated = gated = opted_in or self.settings.gate_all
+        # Looked up once: the judge and attribution read the same entry. A test that is not
+        # gated has none: it is never compared.
+        entry = measurement.entry = self.store.entry(device, nodeid) if gated else None
         if self.snapshots.directory is not None:
             self.snapshots.start(backend)
         measurement.begin()
         if self.attribution.wants_breakdown(entry, backend):
             measurement.attributed = self.attribution.begin(backend)
-        if self.seeder is not None and self._resume_randomly is None:
+        if seeded and self._resume_randomly is None:
             self._resume_randomly = pause_randomly(self.config.option)
         item.stash[MEASUREMENT] = self._current = measurement
         return measurement
@@ -352,6 +364,8 @@ class VramSession:
             outcome,
             error=error,
             unmeasured=unmeasured or None,
+            gated=measurement.gated,
+            floor=0 if measurement.opted_in else self.settings.min_change,
         )
 
     def _on_error(
@@ -470,6 +484,10 @@ class VramSession:
             self.records.append(record)
 
     # -- the controller: collect records, write reports -----------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "setup" and self.reports:
+            self.ran.add(report.nodeid)
 
     def discard(self, record: TestRecord) -> None:
         """Forget a record collected for a run of a test that is run again."""
