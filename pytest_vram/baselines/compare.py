@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_vram.record.figures import COMPARED_FIGURES, LARGER_IS_BETTER, figure_unit
+from pytest_vram.record.figures import (
+    COMPARED_FIGURES,
+    LARGER_IS_BETTER,
+    MEASURED_FIGURES,
+    figure_unit,
+    measured_name,
+)
 from pytest_vram.units import Tolerance, format_delta, format_percent, format_size
 
-__all__ = ["FigureChange", "compare_with_entry"]
+__all__ = ["FigureChange", "compare_with_entry", "unmeasured_figures"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,10 @@ class FigureChange:
             return self.delta > 0
         return -self.delta > self.allowance
 
+    def beyond(self, floor: int) -> bool:
+        """Whether the change is more than ``floor`` bytes either way; a count always is."""
+        return figure_unit(self.figure) == "count" or abs(self.delta) > floor
+
     def describe(self) -> str:
         if figure_unit(self.figure) == "count":  # a count has no size, and no tolerance
             return (
@@ -73,3 +83,14 @@ def compare_with_entry(
         for name in COMPARED_FIGURES
         if name in current and name in entry
     ]
+
+
+def unmeasured_figures(current: dict[str, int], entry: dict[str, int]) -> dict[str, int]:
+    """The measured figures (and their rank copies) that ``entry`` stores and ``current``
+    lacks, with their stored values. Category totals are left out: a category absent at the
+    peak held no bytes."""
+    return {
+        name: value
+        for name, value in entry.items()
+        if name not in current and measured_name(name) in MEASURED_FIGURES
+    }

@@ -51,6 +51,7 @@ __all__ = [
     "figure_from_text",
     "figure_unit",
     "is_known_figure",
+    "measured_name",
     "rank_figure_name",
     "rank_figures",
     "stored_figures",
@@ -140,6 +141,13 @@ def is_known_figure(name: str) -> bool:
         return True
     match = _RANK_COPY.fullmatch(name)
     return match is not None and match.group(1) in _KNOWN
+
+
+def measured_name(name: str) -> str:
+    """The figure a rank's copy copies (``peak_allocated`` for ``peak_allocated_rank1``);
+    any other name as it is."""
+    match = _RANK_COPY.fullmatch(name)
+    return match.group(1) if match else name
 
 
 def figure_unit(name: str) -> str:
