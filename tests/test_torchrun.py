@@ -250,3 +250,50 @@ def test_a_rank_hands_its_record_to_rank_0(tmp_path: Path) -> None:
     merged = RankExchange(Ranks(0, 2, 0, 2), tmp_path, timeout=5).exchange(record(peak=3))
     assert [r["figures"]["peak_allocated"] for r in merged.ranks or []] == [3, 9]
     assert list(tmp_path.iterdir()) == []  # rank 0 consumed the file
+
+
+@pytest.mark.slow
+def test_an_update_without_a_rank_keeps_the_stored_entry_and_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rank 1's record comes late: rank 0 gives up waiting for it.
+    pytester.makeconftest(
+        CONFTEST
+        + """
+import os
+import time
+
+@pytest.fixture(autouse=True)
+def late():
+    yield
+    if os.environ.get("RANK") == "1":
+        time.sleep(4)
+"""
+    )
+    pytester.makepyfile(test_ranks=TESTS.split("def test_ddp_step")[0])
+    (pytester.path / "baselines").mkdir()
+    stored = (
+        "device: cpu\ntests:\n  test_ranks.py::test_rank_dependent:\n    peak_allocated: 8192\n"
+        "    peak_allocated_rank0: 4096\n    peak_allocated_rank1: 8192\n"
+    )
+    (pytester.path / "baselines" / "cpu.yaml").write_text(stored)
+    monkeypatch.setenv("PYTEST_VRAM_RANK_TIMEOUT", "1")
+
+    result = torchrun(pytester, "--vram-update-baselines")
+
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-vram: error: test_ranks.py::test_rank_dependent was not stored: no figures "
+            "from rank 1, so its stored figures are kept; run the update again once every rank "
+            "reports"
+        ]
+    )
+    assert (pytester.path / "baselines" / "cpu.yaml").read_text() == stored
+
+
+def test_a_record_without_every_rank_is_not_stored() -> None:
+    merged = merge_ranks({0: record(peak=7)}, world_size=3)
+    assert merged.missing_ranks == [1, 2]
+    assert TestRecord.from_dict(merged.to_dict()).missing_ranks == [1, 2]
+    assert "missing_ranks" not in record().to_dict()

@@ -47,4 +47,5 @@ def merge_ranks(records: Mapping[int, TestRecord], world_size: int) -> TestRecor
     missing = sorted(set(range(world_size)) - set(records))
     if missing:
         merged.messages.append("no figures from rank " + ", ".join(str(rank) for rank in missing))
+        merged.missing_ranks = missing
     return merged

@@ -83,6 +83,9 @@ class TestRecord:
     #: Figures measured but never stored: the backend's reading of them depends on what other
     #: tests hold (see ``Backend.order_dependent_figures``).
     unstored: list[str] = field(default_factory=list)
+    #: Under torchrun, on rank 0: the ranks whose record never came. Such a record is not
+    #: stored: its figures are not the maximum over every rank.
+    missing_ranks: list[int] = field(default_factory=list)
 
     @property
     def peak_increment(self) -> int:
@@ -120,6 +123,8 @@ class TestRecord:
             del data["snapshot"]
         if not self.unstored:
             del data["unstored"]
+        if not self.missing_ranks:
+            del data["missing_ranks"]
         if self.categories is None:  # a cuda test's record reads as before
             del data["categories"]
         return data
