@@ -207,7 +207,7 @@ import torch
 def test_a(vram):
     x = torch.ones(1024)
 
-def test_breaks_{what}():
+def test_breaks_{what}(vram):
     path = Path("{path}")
     if path.is_dir():
         shutil.rmtree(path)
@@ -338,3 +338,68 @@ def test_save_reports_each_file_and_writes_the_others(tmp_path: Path) -> None:
     assert written.lines == [
         f"baselines: 1 added, 0 updated, 0 removed in {tmp_path / 'sim.yaml'} (1 entry)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--vram-json=baselines/cpu.yaml"],
+            "--vram-json baselines/cpu.yaml is in the baseline directory *: it would overwrite "
+            "or mix with the stored baselines; write it elsewhere",
+            id="json-on-a-baseline-file",
+        ),
+        pytest.param(
+            ["--vram-html=baselines/report.html"],
+            "--vram-html baselines/report.html is in the baseline directory *",
+            id="html-in-the-baseline-dir",
+        ),
+        pytest.param(
+            ["--vram-snapshot-on-fail=baselines"],
+            "--vram-snapshot-on-fail baselines is in the baseline directory *",
+            id="snapshots-in-the-baseline-dir",
+        ),
+        pytest.param(
+            ["--vram-json=out.txt", "--vram-markdown=./out.txt"],
+            "--vram-json and --vram-markdown both name out.txt: each output needs its own path",
+            id="json-and-markdown",
+        ),
+        pytest.param(
+            ["--vram-markdown=out.txt", "--junitxml=out.txt"],
+            "--vram-markdown and --junitxml both name out.txt: each output needs its own path",
+            id="markdown-and-junit",
+        ),
+        pytest.param(
+            ["--junitxml=baselines/cpu.yaml"],
+            "--junitxml baselines/cpu.yaml is in the baseline directory *",
+            id="junit-alone",
+        ),
+    ],
+)
+def test_an_output_on_an_input_or_another_output_is_refused_before_any_test(
+    pytester: pytest.Pytester, args: list[str], message: str
+) -> None:
+    pytester.makepyfile(test_a="def test_a(vram):\n    open('ran', 'w').close()\n")
+    pytester.runpytest(CPU, "--vram-update-baselines").assert_outcomes(passed=1)
+    stored = (pytester.path / "baselines" / "cpu.yaml").read_bytes()
+    (pytester.path / "ran").unlink()
+
+    result = pytester.runpytest(CPU, "--vram-report", *args)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert not (pytester.path / "ran").exists()
+    assert (pytester.path / "baselines" / "cpu.yaml").read_bytes() == stored
+
+
+def test_a_prune_under_xdist_is_refused_before_any_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="def test_a(vram):\n    open('ran', 'w').close()\n")
+    result = pytester.runpytest(CPU, "-n", "2", "--vram-update-baselines", "--vram-prune-baselines")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --vram-prune-baselines needs the whole collection, which the pytest-xdist "
+            "controller does not see: run the prune without -n (-p no:xdist)"
+        ]
+    )
+    assert not (pytester.path / "ran").exists()

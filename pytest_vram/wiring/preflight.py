@@ -18,7 +18,7 @@ from pytest_vram.written import file_problem, probe_directory
 if TYPE_CHECKING:
     from pytest_vram.options import Settings
 
-__all__ = ["preflight", "preflight_problems"]
+__all__ = ["clashes", "preflight", "preflight_problems"]
 
 
 def preflight_problems(settings: Settings, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -59,6 +59,53 @@ def preflight(settings: Settings, environ: Mapping[str, str] | None = None) -> N
     problems = preflight_problems(settings, environ)
     if problems:
         raise pytest.UsageError("\n".join(problems))
+
+
+def clashes(settings: Settings, junit_path: str | None = None, *, xdist: bool = False) -> list[str]:
+    """Why the options cannot work together, one line each: two outputs on one path (the
+    last written would replace the other), an output on a baseline file or in the baseline
+    directory (it would replace what was stored), or a prune that cannot see the tests."""
+    problems = []
+    outputs = [
+        (option, path)
+        for option, path in (
+            ("--vram-json", settings.json_path),
+            ("--vram-markdown", settings.markdown_path),
+            ("--vram-html", settings.html_path),
+            ("--junitxml", Path(junit_path) if junit_path else None),
+            ("--vram-snapshot-on-fail", settings.snapshot_dir),
+        )
+        if path is not None
+    ]
+    seen: dict[Path, str] = {}
+    baselines = _resolved(settings.baseline_dir)
+    for option, path in outputs:
+        where = _resolved(path)
+        if where in seen:
+            problems.append(
+                f"{seen[where]} and {option} both name {path}: each output needs its own path"
+            )
+            continue
+        seen[where] = option
+        if where == baselines or baselines in where.parents:
+            problems.append(
+                f"{option} {path} is in the baseline directory {settings.baseline_dir}: it "
+                "would overwrite or mix with the stored baselines; write it elsewhere"
+            )
+    if xdist and settings.prune_baselines:
+        problems.append(
+            "--vram-prune-baselines needs the whole collection, which the pytest-xdist "
+            "controller does not see: run the prune without -n (-p no:xdist)"
+        )
+    return problems
+
+
+def _resolved(path: Path) -> Path:
+    """``path`` made absolute with its links followed, as far as it exists."""
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError):
+        return path.absolute()
 
 
 def _directory_problem(directory: Path) -> str | None:
