@@ -234,6 +234,14 @@ class CachingAllocatorModel:
         self.peak_reserved = self.reserved
         self.peak_allocated = self.allocated
 
+    def cached_blocks(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of each cached block: the free space of the segments."""
+        return [
+            (block.addr, block.size)
+            for pool in (self._small, self._large)
+            for block in pool.blocks.values()
+        ]
+
     def figures(self) -> SegmentFigures:
         return SegmentFigures(
             self.reserved,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from bisect import bisect_left
 from collections import deque
 from types import FrameType
 from typing import Any
@@ -111,18 +112,24 @@ class TraceLog:
         else:
             extents = sorted((addr, block) for addr, block, _r, _f in self.live.values())
         blocks_by_addr = sorted(tuple(entry) for entry in self.live.values())
+        # The allocator's cached blocks tell its free space from blocks in use that were
+        # allocated before the log began (which it has no stack for).
+        cached_blocks = getattr(self.segments, "cached_blocks", None)
+        cached = None if cached_blocks is None else sorted(cached_blocks())
         segments = []
         index = 0
         for start, size in extents:
             while index < len(blocks_by_addr) and blocks_by_addr[index][0] < start:
                 index += 1
-            blocks = []
+            blocks: list[dict[str, Any]] = []
             cursor = start
             allocated = requested_total = 0
             while index < len(blocks_by_addr) and blocks_by_addr[index][0] < start + size:
                 addr, block, requested, frames = blocks_by_addr[index]
                 if addr > cursor:
-                    blocks.append(_inactive(cursor, addr - cursor))
+                    before = _between(cursor, addr, cached, blocks)
+                    allocated += before
+                    requested_total += before
                 blocks.append(
                     {
                         "address": addr,
@@ -137,7 +144,9 @@ class TraceLog:
                 cursor = addr + block
                 index += 1
             if cursor < start + size:
-                blocks.append(_inactive(cursor, start + size - cursor))
+                before = _between(cursor, start + size, cached, blocks)
+                allocated += before
+                requested_total += before
             segments.append(
                 {
                     "device": device,
@@ -172,6 +181,41 @@ class TraceLog:
             "device_traces": traces,
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False},
         }
+
+
+def _between(
+    start: int, end: int, cached: list[tuple[int, int]] | None, blocks: list[dict[str, Any]]
+) -> int:
+    """Add the blocks from ``start`` to ``end``, where the log recorded none, to ``blocks``:
+    the allocator's ``cached`` blocks are free, the rest is in use since before the log began.
+    Without the allocator's cached blocks (None), all is free. Returns the bytes in use."""
+    if cached is None:
+        blocks.append(_inactive(start, end - start))
+        return 0
+    in_use = 0
+    cursor = start
+    for addr, size in cached[bisect_left(cached, (start, 0)) :]:
+        if addr >= end:
+            break
+        if addr > cursor:
+            blocks.append(_allocated_before(cursor, addr - cursor))
+            in_use += addr - cursor
+        blocks.append(_inactive(addr, size))
+        cursor = addr + size
+    if cursor < end:
+        blocks.append(_allocated_before(cursor, end - cursor))
+        in_use += end - cursor
+    return in_use
+
+
+def _allocated_before(addr: int, size: int) -> dict[str, Any]:
+    return {
+        "address": addr,
+        "size": size,
+        "requested_size": size,
+        "state": "active_allocated",
+        "frames": [],
+    }
 
 
 def _inactive(addr: int, size: int) -> dict[str, Any]:

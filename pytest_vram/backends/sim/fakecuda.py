@@ -20,7 +20,9 @@ a CPU-only build of PyTorch:
   (:mod:`~pytest_vram.backends.sim.hosttensors`); transformers' ``is_tracing(tensor)``
   answers False for fake tensors, as in a real run;
 - shape-only, TorchScript (scripted or traced code, tracing) is refused before it runs on fake
-  tensors, where it would crash the process (:mod:`~pytest_vram.backends.sim.torchscript`).
+  tensors, where it would crash the process (:mod:`~pytest_vram.backends.sim.torchscript`);
+- ``torch.cuda.memory._record_memory_history`` and ``_snapshot`` record and answer from the
+  simulated allocator (:mod:`~pytest_vram.backends.sim.memhistory`).
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
 :meth:`VirtualCuda.uninstall` (a :class:`~pytest_vram.backends.sim.patches.PatchSet`).
@@ -51,6 +53,7 @@ from pytest_vram.backends.sim.autocast import (
     real_is_autocast_enabled,
 )
 from pytest_vram.backends.sim.hostscalars import HOST_FACTORIES, HostScalars
+from pytest_vram.backends.sim.memhistory import MemoryHistory
 from pytest_vram.backends.sim.moduleapply import module_apply
 from pytest_vram.backends.sim.ops import trunc_normal_decided
 from pytest_vram.backends.sim.patches import PatchSet
@@ -59,7 +62,7 @@ from pytest_vram.backends.sim.remapmode import (
     HostCudaRemapMode,
     special_methods,
 )
-from pytest_vram.backends.sim.torchcuda import SimulatedDevice, cuda_replacements
+from pytest_vram.backends.sim.torchcuda import SimulatedDevice, cuda_replacements, record_stream
 from pytest_vram.backends.sim.torchscript import shape_only_replacements as no_torchscript
 from pytest_vram.importhook import PatchOnImport
 
@@ -143,6 +146,8 @@ class VirtualCuda:
         self._default_device: Any = None
         self._stance: Any = _MISSING
         self._finder: PatchOnImport | None = None
+        #: ``torch.cuda.memory``'s allocator history, recorded while a test asks for it.
+        self._history = MemoryHistory(device)  # type: ignore[arg-type]
         self.installed = False
 
     def install(self, computing: bool = False) -> None:
@@ -154,6 +159,8 @@ class VirtualCuda:
         below = computing and self._host is None and self._can_remap_below_python()
         try:
             self._patches.replace_all(self._replacements_for(computing))
+            # Tensor only inherits it, from a class of C that cannot be patched.
+            self._patches.shadow(torch.Tensor, "record_stream", record_stream)
             self._host_scalars.start()
             self._force_eager()
             if not computing:
@@ -281,6 +288,7 @@ class VirtualCuda:
         if finder is not None:
             finder.remove()
         self._host_scalars.stop()
+        self._history.stop()  # a recording lasts no longer than its test
         if self._remapping_below:
             self._remapping_below = False
             cudaremap.deactivate()
@@ -288,6 +296,7 @@ class VirtualCuda:
 
     def _replacements(self, computing: bool) -> Iterator[tuple[object, str, object]]:
         yield from cuda_replacements(self._device)
+        yield from self._history.replacements()
         yield torch, "compile", self._compile(torch.compile)
         if not computing:
             yield nn.Module, "_apply", module_apply

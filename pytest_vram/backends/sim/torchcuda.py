@@ -18,7 +18,18 @@ from typing import Any, Protocol
 import torch
 import torch.cuda.memory
 
-__all__ = ["DEVICE_NAME", "SimulatedDevice", "SimulatedDeviceProperties", "cuda_replacements"]
+__all__ = [
+    "DEVICE_NAME",
+    "NotSimulatedError",
+    "SimulatedDevice",
+    "SimulatedDeviceProperties",
+    "cuda_replacements",
+    "record_stream",
+]
+
+
+class NotSimulatedError(RuntimeError):
+    """A CUDA API the simulated device does not model, named with what to do instead."""
 
 
 class SimulatedDevice(Protocol):
@@ -146,6 +157,45 @@ class _DeviceGuard:
 _STREAM = _Stream()
 
 
+def record_stream(self: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream``: every stream of the simulated device is done already, so the
+    tensor's memory is never held for one."""
+    __tracebackhide__ = True
+    if not isinstance(stream, (_Stream, torch.Stream)):
+        raise TypeError(
+            f"record_stream(): argument 'stream' must be torch.Stream, not {type(stream).__name__}"
+        )
+
+
+class _NoListener:
+    """Hears of allocations, and does nothing with them."""
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
+        pass
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
+        pass
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None:
+        pass
+
+
+_NO_LISTENER = _NoListener()
+
+
+def _not_simulated(api: str, instead: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        raise NotSimulatedError(f"{api} is not simulated on the simulated device: {instead}")
+
+    return refuse
+
+
+# CUDA graphs replay kernels without running Python: the simulated device, which computes
+# nothing on a device, has nothing to capture.
+_GRAPHS = "measure the step without CUDA graphs, or run this test with --vram-backend=cuda"
+
+
 # The simulated device's tensors are CPU tensors, drawn from the CPU generator: CUDA's random
 # state is that generator's, so fork_rng, torch.compile and checkpointing, which save and
 # restore both, restore the one that was used.
@@ -216,6 +266,36 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
         # use, and stay.
         dev.empty_cache()
 
+    def own_allocator() -> Any:
+        """The running test's own segments, where its memory is laid out and refused."""
+        own = getattr(getattr(dev, "own_segments", None), "model", None)
+        return own if own is not None else getattr(dev, "segments", None)
+
+    def set_memory_fraction(fraction: float, device: Any = None) -> None:
+        # As on a GPU: the allocator refuses to reserve more than the fraction of the device,
+        # here for the rest of the test (the next test starts with segments of its own).
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        allocator = own_allocator()
+        if allocator is None:
+            raise NotSimulatedError(
+                "torch.cuda.set_per_process_memory_fraction is not simulated on a device "
+                "without an allocator model: use --vram-sim-capacity"
+            )
+        tracker = getattr(dev, "tracker", None)
+        if tracker is not None:
+            # A computing test may count in PyTorch's CPU allocator, which knows no capacity:
+            # a listener moves the rest of the test to the tracker, whose segments refuse.
+            tracker.add_listener(_NO_LISTENER)
+            tracker.remove_listener(_NO_LISTENER)
+        allocator.capacity = int(dev.device_total() * fraction)
+
+    def get_memory_fraction(device: Any = None) -> float:
+        capacity = getattr(own_allocator(), "capacity", None)
+        return 1.0 if capacity is None else capacity / dev.device_total()
+
     functions: dict[str, Callable] = {
         "is_available": lambda: True,
         "device_count": lambda: 1,
@@ -250,15 +330,21 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
         "Stream": _Stream,
         "Event": _Event,
         "device": _DeviceGuard,
+        "set_per_process_memory_fraction": set_memory_fraction,
+        "get_per_process_memory_fraction": get_memory_fraction,
+        "CUDAGraph": _not_simulated("torch.cuda.CUDAGraph", _GRAPHS),
+        "graph": _not_simulated("torch.cuda.graph", _GRAPHS),
+        "make_graphed_callables": _not_simulated("torch.cuda.make_graphed_callables", _GRAPHS),
+        "graph_pool_handle": _not_simulated("torch.cuda.graph_pool_handle", _GRAPHS),
         **_RNG_FUNCTIONS,
     }
     random = torch.cuda.random
+    graphs = getattr(torch.cuda, "graphs", None)
     for name, value in functions.items():
         yield cuda, name, value
-        if name in memory.__dict__:
-            yield memory, name, value
-        if name in random.__dict__:
-            yield random, name, value
+        for module in (memory, random, graphs):
+            if module is not None and name in module.__dict__:
+                yield module, name, value
 
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
