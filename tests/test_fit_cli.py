@@ -225,3 +225,24 @@ def test_a_builder_module_with_a_syntax_error_is_an_error_naming_its_line(
         "pytest-vram: error: --build 'fit_broken_h43:build': cannot import 'fit_broken_h43': "
         f"expected ':' ({tmp_path / 'fit_broken_h43.py'}, line 1)"
     )
+
+
+def test_an_html_path_that_turns_unwritable_during_the_search_is_one_line_after_the_table(
+    chatty: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_vram.fit import render
+
+    def refused(table: object, path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(render, "write_html", refused)
+    page = tmp_path / "fit.html"
+    status, out, err = run(
+        capsys, "--build", f"{chatty}:build", "--capacity", "1MiB", "--max-batch", "4",
+        "--html", str(page),
+    )  # fmt: skip
+    assert status == 2
+    assert out.startswith("GPU")  # the table, before the error
+    assert err.splitlines()[-1] == (
+        f"pytest-vram: error: --html {page}: cannot write the page: Permission denied ({page})"
+    )
