@@ -92,7 +92,11 @@ def test_benchmark_json_carries_the_vram_figures(
 def test_benchmark_measured_under_vram_report(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(ALLOCATES.replace("DEVICE", '"cuda"'))
     result = pytester.runpytest(
-        "--vram-backend=sim", "--vram-report", "--benchmark-json=bench.json", *QUICK
+        "--vram-backend=sim",
+        "--vram-report",
+        "--vram-gate=all",  # the simulated device runs a plain test only then
+        "--benchmark-json=bench.json",
+        *QUICK,
     )
     result.assert_outcomes(passed=3)
     info = benchmarks(pytester.path / "bench.json")["test_plain"]["extra_info"]

@@ -6,11 +6,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
+
+
+@pytest.fixture(autouse=True)
+def _every_test_simulated(
+    _pytester_without_randomly: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # These runs check what becomes of any test the simulated device runs, whether it opted in
+    # or not: every test is simulated, as under --vram-gate=all (an ini override: the runs
+    # without the plugin only warn of it).
+    options = os.environ.get("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{options} -o vram_gate=all".strip())
+
 
 # Ordinary tests of PyTorch code, written for the CPU, that read values in every way a suite
 # does. Each passes under plain pytest.
@@ -576,6 +589,7 @@ def test_figures_after_failures_do_not_depend_on_order(pytester: pytest.Pytester
 
 GENERATE = """
 import pytest, torch
+
 
 transformers = pytest.importorskip("transformers")
 
