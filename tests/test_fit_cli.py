@@ -202,10 +202,16 @@ def test_an_html_path_that_cannot_be_written_is_refused_before_the_search(
     assert chatty not in sys.modules  # nothing ran: not even the builder's import
 
 
+# With two layouts each runs in a process of its own (seconds), whose error is the same line.
+@pytest.mark.parametrize(
+    "dtypes", [["bf16"], pytest.param(["fp32", "bf16"], marks=pytest.mark.slow)]
+)
 def test_a_builder_that_returns_no_step_is_an_error_naming_it(
-    chatty: str, capsys: pytest.CaptureFixture[str]
+    chatty: str, capsys: pytest.CaptureFixture[str], dtypes: list[str]
 ) -> None:
-    status, _, err = run(capsys, "--build", f"{chatty}:not_a_step", "--capacity", "1MiB")
+    status, _, err = run(
+        capsys, "--build", f"{chatty}:not_a_step", "--capacity", "1MiB", "--dtype", *dtypes
+    )
     assert status == 2
     (line,) = [line for line in err.splitlines() if line.startswith("pytest-vram: error")]
     assert line == (
