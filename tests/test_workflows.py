@@ -321,7 +321,7 @@ def test_release_workflow() -> None:
     assert release["needs"] == "pypi"
     assert release["permissions"] == {"contents": "write"}
     (make,) = _job_runs(release)
-    assert make.startswith('gh release create "$TAG" dist/* --verify-tag')
+    assert 'gh release create "$TAG" dist/* \\ --verify-tag' in make
     assert "--notes-file notes.md" in make
 
 
