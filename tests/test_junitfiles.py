@@ -519,3 +519,17 @@ def test_summary_fails_on_a_total_memory_it_cannot_read(
         f"pytest-vram: error: {path}: suite pytest: property vram_env_total_memory has 400 "
         "digits: more bytes than any device holds (at most 9223372036854775807)\n"
     )
+
+
+def test_a_test_that_did_not_opt_in_is_never_compared() -> None:
+    base = [
+        {"name": "plain", "vram_peak_allocated": 1 * MiB, "vram_status": "ungated"},
+        {"name": "gated", "vram_peak_allocated": 1 * MiB, "vram_status": "ok"},
+    ]
+    head = [
+        {"name": "plain", "vram_peak_allocated": 100 * MiB, "vram_status": "ungated"},
+        {"name": "gated", "vram_peak_allocated": 1 * MiB, "vram_status": "ok"},
+    ]
+    result = compare_runs(base, head, "5%")
+    assert not result.failed
+    assert [(c.name, c.kind) for c in result.changes] == [("gated", "unchanged")]

@@ -1,7 +1,9 @@
 """Two runs' memory compared, test by test: what ``pytest-vram compare`` decides.
 
 A test grew when its peak allocated in the head run exceeds the base run's by more than the
-tolerance; the rows come from :mod:`pytest_vram.report.junitfile` or
+tolerance. Only gated tests are compared: a test reported ``ungated`` (it did not opt in, and the
+run gated only the tests that did) is left out on both sides, as its run never compared it with
+a baseline either. The rows come from :mod:`pytest_vram.report.junitfile` or
 :mod:`pytest_vram.report.jsonfile`, and :mod:`pytest_vram.report.comparison` renders the result.
 """
 
@@ -109,9 +111,14 @@ def compare_runs(
     return RunComparison(tolerance=tolerance, changes=changes)
 
 
+_UNGATED = "ungated"
+
+
 def _peaks(rows: list[dict[str, Any]]) -> dict[str, int]:
     peaks: dict[str, int] = {}
     for row in rows:
+        if row.get("vram_status") == _UNGATED:
+            continue
         peak = row.get("vram_peak_allocated")
         if isinstance(peak, int) and not isinstance(peak, bool):
             name = str(row.get("name"))
