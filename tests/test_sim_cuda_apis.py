@@ -80,6 +80,13 @@ def test_a_cuda_graph_is_refused_in_one_line_naming_the_api(api: str, call: obje
     )
 
 
+def test_the_cuda_graph_classes_stay_classes_for_the_libraries_that_name_them() -> None:
+    # transformers annotates with torch.cuda.CUDAGraph | None where its modules are imported.
+    with simulated():
+        assert str(torch.cuda.CUDAGraph | None).endswith("CUDAGraph | None")
+        assert not isinstance(object(), (torch.cuda.CUDAGraph, torch.cuda.graph))
+
+
 def _blocks(snapshot: dict) -> list[dict]:
     return [block for segment in snapshot["segments"] for block in segment["blocks"]]
 

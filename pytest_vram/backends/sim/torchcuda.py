@@ -191,6 +191,17 @@ def _not_simulated(api: str, instead: str) -> Callable[..., Any]:
     return refuse
 
 
+def _not_simulated_class(name: str, api: str, instead: str) -> type:
+    """A class in place of ``api`` that cannot be made: still a class, so that annotations
+    (``torch.cuda.CUDAGraph | None``) and ``isinstance`` in the libraries a test imports work."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True
+        raise NotSimulatedError(f"{api} is not simulated on the simulated device: {instead}")
+
+    return type(name, (), {"__init__": __init__, "__doc__": f"{api}, not simulated."})
+
+
 # CUDA graphs replay kernels without running Python: the simulated device, which computes
 # nothing on a device, has nothing to capture.
 _GRAPHS = "measure the step without CUDA graphs, or run this test with --vram-backend=cuda"
@@ -332,8 +343,8 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
         "device": _DeviceGuard,
         "set_per_process_memory_fraction": set_memory_fraction,
         "get_per_process_memory_fraction": get_memory_fraction,
-        "CUDAGraph": _not_simulated("torch.cuda.CUDAGraph", _GRAPHS),
-        "graph": _not_simulated("torch.cuda.graph", _GRAPHS),
+        "CUDAGraph": _not_simulated_class("CUDAGraph", "torch.cuda.CUDAGraph", _GRAPHS),
+        "graph": _not_simulated_class("graph", "torch.cuda.graph", _GRAPHS),
         "make_graphed_callables": _not_simulated("torch.cuda.make_graphed_callables", _GRAPHS),
         "graph_pool_handle": _not_simulated("torch.cuda.graph_pool_handle", _GRAPHS),
         **_RNG_FUNCTIONS,
