@@ -424,7 +424,13 @@ def test_a_shard_whose_leak_check_memory_fell_merges_into_baselines_the_next_run
     assert main(["update-baselines", "shard.json"]) == 0
     stored = (pytester.path / "baselines" / "sim.yaml").read_text()
     assert "test_figures_suite.py::test_shrinks:\n    leak_growth: 0\n" in stored
-    for name in ("idle", "single_step_peak", "peak_reserved", "peak_parameters", "peak_other"):
+    for name in (
+        "idle",
+        "single_step_peak",
+        "peak_reserved",
+        "peak_parameters",
+        "peak_cublas_workspaces",
+    ):
         assert f"    {name}: " in stored
 
     result = pytester.runpytest("--vram-backend=sim", "--vram-report")
