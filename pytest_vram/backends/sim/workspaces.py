@@ -38,7 +38,7 @@ __all__ = [
     "workspace_size",
 ]
 
-#: What breakdowns call the workspaces (category ``other``).
+#: What breakdowns call the workspaces (category ``cublas_workspaces``).
 WORKSPACE_NAME = "cuBLAS workspace"
 
 KiB, MiB = 1 << 10, 1 << 20
