@@ -9,12 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_vram.fit.search import largest
+from pytest_vram.fit.search import NoAnswer, Unbounded, largest
 from pytest_vram.fit.trials import Attempt, trials_for
 from pytest_vram.fit.wording import at
-from pytest_vram.units import format_size, is_si, parse_size
+from pytest_vram.units import ACCEPTED_SIZE_FORMS, SizeError, format_size, is_si, parse_size
 
 _AS_TYPED = re.compile(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*$")
+# The most bytes a figure holds (a 64-bit count), as everywhere sizes are stored.
+_MAX_BYTES = 2**63 - 1
 
 __all__ = ["MaxSizeResult", "check_arguments", "describe_capacity", "grew", "knob_name", "max_size"]
 
@@ -91,6 +93,12 @@ def describe_capacity(capacity: int | str) -> str:
 def check_arguments(capacity: object, lo: object, hi: object) -> int:
     """The capacity in bytes; ValueError (a SizeError for the capacity) naming a bad value."""
     limit = parse_size(capacity)
+    if limit > _MAX_BYTES:
+        count = "" if isinstance(capacity, int) else f"that is {limit} bytes, "
+        raise SizeError(
+            f"invalid size {capacity!r}: {count}more than a 64-bit byte count holds "
+            f"({_MAX_BYTES}); expected {ACCEPTED_SIZE_FORMS}"
+        )
     for name, bound in (("lo", lo), ("hi", hi)):
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
             raise ValueError(f"max_size: {name} must be an int, got {bound!r}")
@@ -119,7 +127,17 @@ def max_size(
         tried[size] = trials.attempt(step, size, limit, breakdown=breakdown)
         return tried[size].fits
 
-    value = largest(fits, lo, hi)
+    knob = knob_name(step)
+    try:
+        # A step whose memory grows by a byte with each unit of n needs more than the
+        # capacity at n = capacity + 1: no larger size is worth trying.
+        value = largest(fits, lo, hi, ceiling=max(lo, limit + 1))
+    except Unbounded as exc:
+        raise NoAnswer(
+            f"step({knob}) fits {describe_capacity(capacity)} at every {knob} tried, up to "
+            f"{exc.size}: its memory does not grow with {knob}, or not by a byte per unit. "
+            f"Give hi= (the largest {knob} worth trying) to bound the search"
+        ) from None
     next_size = value + 1 if hi is None or value < hi else None
     at_next = tried.get(next_size) if next_size is not None else None
     if at_next is not None and at_next.cut_short and trials.measures_beyond:
@@ -127,15 +145,18 @@ def max_size(
         at_next = trials.attempt(step, at_next.size, None, breakdown=breakdown)
     at_value = tried.get(value)
     next_peak = None
-    if at_next is not None:
-        next_peak = at_next.asked if at_next.cut_short and at_next.asked else at_next.peak
+    if at_next is not None and at_next.cut_short:
+        # Stopped short, it needs what it asked for where that is known; else no figure.
+        next_peak = at_next.asked or None
+    elif at_next is not None:
+        next_peak = at_next.peak
     return MaxSizeResult(
         value=value,
         peak=at_value.peak if at_value is not None else None,
         next_peak=next_peak,
         capacity=limit,
         capacity_text=describe_capacity(capacity),
-        knob=knob_name(step),
+        knob=knob,
         metric=trials.metric,
         grew=grew(
             at_value.categories if at_value is not None else {},

@@ -2,12 +2,21 @@
 
 Every attempt starts from the same state: what the attempt before it left is collected, the
 allocator's cache released and the peak reset, as a fresh process of the same test would find
-the device. What "fits" means depends on what the backend can tell:
+the device. What the step keeps after its first attempt (gradients left on the test's model)
+is state every attempt then starts from, and the first attempt runs again from it; memory that
+grows attempt after attempt (a list the step appends to) gives no honest answer, and
+:class:`~pytest_vram.fit.search.NoAnswer` names what each attempt left.
+
+What "fits" means depends on what the backend can tell. On any of them an allocation that was
+refused (an out-of-memory error, even one the step caught) or a size whose byte count
+overflows torch's storage size means the size does not fit.
 
 - sim (a backend with ``own_segments``): the test's own segments (its reserved memory, laid
   out as the CUDA caching allocator lays it out) get the capacity for the attempt, so an
   allocation raises ``torch.OutOfMemoryError`` exactly where a GPU of that size would, after
-  the allocator's retry that frees its cache. It fits when no allocation raised.
+  the allocator's retry that frees its cache. The capacity asked for is the one searched,
+  whatever the simulated device's own (``--vram-sim-gpu``, ``--vram-sim-capacity``). It fits
+  when no allocation was refused.
 - cuda (``is_cuda_device``): ``torch.cuda.set_per_process_memory_fraction`` caps the caching
   allocator at the capacity (or the whole device, when it is smaller), and the step runs for
   real.
@@ -21,9 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_vram.fit.search import NoAnswer
 from pytest_vram.garbage import collect_garbage
+from pytest_vram.units import format_size
 
 __all__ = ["Attempt", "CudaTrials", "PeakTrials", "SimTrials", "trials_for"]
+
+# torch's error for a tensor whose byte count does not fit in 64 bits: no device holds it.
+_OVERFLOW = "Storage size calculation overflowed"
 
 
 @dataclass
@@ -35,7 +49,8 @@ class Attempt:
     #: The peak over the attempt (reserved where the backend models segments, else allocated);
     #: after an out-of-memory error, the most it held before the error.
     peak: int
-    #: Whether an out-of-memory error stopped the step: its peak is not the whole step's then.
+    #: Whether the device refused the step memory (an out-of-memory error, caught or not, or
+    #: a size past what torch can count): its peak is not the whole step's then.
     cut_short: bool = False
     #: After an out-of-memory error, what the device would have needed at least: what it held
     #: then and what the failed allocation asked for (cuda); None otherwise.
@@ -54,34 +69,74 @@ class PeakTrials:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        #: What each attempt starts from: allocated before the search, and what the step
+        #: kept after its first attempt.
         self.floor = backend.allocated()
+        self._kept_state = False
 
     def attempt(
         self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
     ) -> Attempt:
+        """Run ``step(size)`` under ``capacity`` (None: none), from the same state as every
+        other attempt."""
+        self.settle()
+        result = self.run(step, size, capacity, breakdown=breakdown)
+        left = self.settle()
+        if result.cut_short:
+            # What a step stopped by an error left (the gradients of a backward that did not
+            # finish) tells nothing of what it keeps when it runs to its end.
+            return result
+        if left > 0 and not self._kept_state:
+            # State the step keeps (gradients on the test's model): every attempt starts
+            # from it, this one too.
+            self._kept_state = True
+            self.floor += left
+            result = self.run(step, size, capacity, breakdown=breakdown)
+            left = self.settle()
+        if left > 0:
+            raise NoAnswer(
+                f"step({size}) left {format_size(left)} more allocated each time it ran, so "
+                "each attempt would start from more than the one before it and the answer "
+                "would depend on how many ran. Build what the step needs inside it, and keep "
+                "nothing it makes once it returns (a list it appends to, a cache)"
+            )
+        return result
+
+    def run(
+        self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
+    ) -> Attempt:
+        """One run of ``step(size)``, from a settled device."""
         import torch
 
-        self.settle()
         asked = None
+        refused = self.refused()
         try:
             step(size)
         except torch.OutOfMemoryError as exc:
             _reraise_host(exc)
             fits, asked = False, _asked(exc, self.held())
+        except RuntimeError as exc:
+            _reraise_unless_overflow(exc)
+            fits = False
         else:
-            fits = True
+            fits = self.refused() == refused
         cut_short = not fits
         peak = self.peak()
         if capacity is not None and peak > capacity:
             fits = False
-        self.settle()
         return Attempt(size, fits, peak, cut_short, asked)
 
-    def settle(self) -> None:
-        """Back to what was allocated before the search, with an empty cache and a new peak."""
+    def settle(self) -> int:
+        """Back to what was allocated before the search, with an empty cache and a new peak;
+        the bytes still allocated above that."""
         collect_garbage(self.backend, self.floor)
         self.backend.release_cache()
         self.backend.reset_peak()
+        return self.backend.allocated() - self.floor
+
+    def refused(self) -> int:
+        """How many allocations the device refused so far (out-of-memory errors)."""
+        return int(self.backend.counters().get("num_ooms", 0))
 
     def peak(self) -> int:
         return int(self.backend.peak_allocated())
@@ -95,16 +150,19 @@ class SimTrials(PeakTrials):
 
     metric = "reserved"
 
-    def attempt(
+    def run(
         self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
     ) -> Attempt:
         import torch
 
-        self.settle()
-        segments = self._segments()
-        saved = segments.capacity
-        if capacity is not None:
-            segments.capacity = capacity if saved is None else min(saved, capacity)
+        own, device = self.backend.own_segments.model, self.backend.segments
+        models = [device] if own is None else [device, own]
+        saved = [model.capacity for model in models]
+        # The capacity asked for alone decides: the simulated card's does not cap the search.
+        for model in models:
+            model.capacity = None
+        models[-1].capacity = capacity
+        refused = self.refused()
         recorder = self._breakdown() if breakdown else None
         fits = True
         try:
@@ -112,20 +170,25 @@ class SimTrials(PeakTrials):
         except torch.OutOfMemoryError as exc:
             _reraise_host(exc)
             fits = False
+        except RuntimeError as exc:
+            _reraise_unless_overflow(exc)
+            fits = False
         finally:
-            segments.capacity = saved
+            for model, capacity_before in zip(models, saved, strict=True):
+                model.capacity = capacity_before
             categories = self._categories(recorder)
+        # An allocation refused counts, even where the step caught the error.
+        fits = fits and self.refused() == refused
         cut_short = not fits
         peak = self.peak()
         # Computing on the op counter, the test's segments do not see every allocation.
         if capacity is not None and peak > capacity:
             fits = False
-        self.settle()
         return Attempt(size, fits, peak, cut_short, categories=categories)
 
-    def _segments(self) -> Any:
+    def refused(self) -> int:
         own = self.backend.own_segments.model
-        return own if own is not None else self.backend.segments
+        return self.backend.segments.num_ooms + (own.num_ooms if own is not None else 0)
 
     def peak(self) -> int:
         return int(self.backend.own_peak_reserved() or 0)
@@ -156,28 +219,30 @@ class CudaTrials(PeakTrials):
     # Past the capacity may be past the device: the failed allocation says what it asked for.
     measures_beyond = False
 
-    def attempt(
+    def run(
         self, step: Callable[[int], Any], size: int, capacity: int | None, *, breakdown: bool
     ) -> Attempt:
         import torch
 
         index = self.backend.index
-        self.settle()
         if capacity is not None:
             total = torch.cuda.get_device_properties(index).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, capacity / total), index)
         asked = None
+        refused = self.refused()
         try:
             step(size)
         except torch.OutOfMemoryError as exc:
             fits, asked = False, _asked(exc, self.held())
+        except RuntimeError as exc:
+            _reraise_unless_overflow(exc)
+            fits = False
         else:
-            fits = True
+            fits = self.refused() == refused
         finally:
             if capacity is not None:
                 torch.cuda.set_per_process_memory_fraction(1.0, index)
         peak = self.peak()
-        self.settle()
         return Attempt(size, fits, peak, not fits, asked)
 
     def peak(self) -> int:
@@ -203,6 +268,13 @@ def _reraise_host(exc: BaseException) -> None:
     from pytest_vram.backends.sim.backend import HostMemoryExceeded
 
     if isinstance(exc, HostMemoryExceeded):
+        raise exc
+
+
+def _reraise_unless_overflow(exc: RuntimeError) -> None:
+    """A size whose bytes overflow torch's storage size fits no device; any other error is
+    the step's own."""
+    if _OVERFLOW not in str(exc):
         raise exc
 
 

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_vram.errors import UsageError
 from pytest_vram.measure import scenarios
 from pytest_vram.measure.measurement import TestMeasurement
@@ -116,6 +118,7 @@ class VramHandle:
         ``.next_peak`` (at ``value + 1``); the value is stored in the baseline, and a lower
         one fails the test. The search's attempts do not count in the test's own peak."""
         from pytest_vram.fit.maxsize import check_arguments, max_size
+        from pytest_vram.fit.search import NoAnswer
 
         __tracebackhide__ = True
         nodeid = self._measurement.record.nodeid
@@ -132,8 +135,14 @@ class VramHandle:
         self._measurement.reset_peak()
         try:
             result = max_size(self._measurement.backend, step, capacity, lo=lo, hi=hi)
+        except NoAnswer as exc:
+            why = str(exc)
+        else:
+            why = None
         finally:
             self._measurement.backend.reset_peak()
+        if why is not None:  # no figure rather than a wrong one: the test fails, saying why
+            pytest.fail(f"vram.max_size: {why}", pytrace=False)
         self._record("max_size", result.to_dict())
         return result
 
