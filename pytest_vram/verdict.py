@@ -107,7 +107,8 @@ def judge(
         line.startswith("memory regression") for line in failures
     )
     if grew and _categories(record) is not None:
-        failures.insert(_last_figure_line(failures), _where(record, entry))
+        over_budget = Status.OVER_BUDGET in found
+        failures.insert(_last_figure_line(failures), _where(record, entry, over_budget))
     return Verdict(status, failures, notes, budgets, baseline, warnings=unchecked)
 
 
@@ -126,12 +127,17 @@ def _last_figure_line(failures: list[str]) -> int:
     return len(failures)
 
 
-def _where(record: TestRecord, entry: Mapping[str, int] | None) -> str:
-    """What the peak was made of, against the baseline's categories where it has them."""
+def _where(record: TestRecord, entry: Mapping[str, int] | None, over_budget: bool) -> str:
+    """What the peak was made of, against the baseline's categories where it has them; a
+    budget's excess is told in totals first, since the baseline may not have moved."""
     current = _categories(record) or {}
     stored = entry_categories(entry)
     if stored is not None:
-        return f"at the peak, against the baseline: {describe_growth(current, stored)}"
+        growth = describe_growth(current, stored)
+        if over_budget:
+            totals = describe_breakdown(record.breakdown or {"categories": current})
+            return f"at the peak: {totals}; against the baseline: {growth}"
+        return f"at the peak, against the baseline: {growth}"
     # The modules too, under --vram-breakdown.
     return f"at the peak: {describe_breakdown(record.breakdown or {'categories': current})}"
 

@@ -169,3 +169,43 @@ def test_a_metric_the_backend_cannot_measure_fails_under_strict() -> None:
     verdict = judge(record(), budget(1, "device"), None, settings(strict=True))
     assert verdict.status is Status.OVER_BUDGET
     assert "not checked" in verdict.failures[0] and "--vram-strict" in verdict.failures[0]
+
+
+def test_a_test_that_is_not_gated_is_neither_compared_nor_held_to_strict() -> None:
+    entry = {"peak_allocated": 1 * MiB}
+    verdict = judge(record(100 * MiB), VramMarks(), entry, settings(strict=True), gated=False)
+    assert verdict.status is Status.UNGATED
+    assert (verdict.failures, verdict.baseline) == ([], None)
+    assert not Status.UNGATED.fails and not Status.UNGATED.stored
+    failed = judge(record(), VramMarks(), None, SETTINGS, Outcome.FAILED, gated=False)
+    assert failed.status is Status.FAILED
+
+
+def test_a_change_within_the_floor_is_neither_a_regression_nor_an_improvement() -> None:
+    entry = {"peak_allocated": 10 * MiB}
+    assert judge(record(10 * MiB + MiB // 2), VramMarks(), entry, SETTINGS, floor=MiB).status is (
+        Status.OK
+    )
+    assert judge(record(9 * MiB), VramMarks(), entry, SETTINGS, floor=2 * MiB).status is Status.OK
+    grown = judge(record(12 * MiB), VramMarks(), entry, SETTINGS, floor=MiB)
+    assert grown.status is Status.REGRESSION
+    # A count has no size: any loss fails, floor or not.
+    counted = judge(
+        record(10 * MiB, scenarios={"max_size": {"value": 3}}),
+        VramMarks(),
+        {**entry, "max_size": 4},
+        SETTINGS,
+        floor=MiB,
+    )
+    assert counted.status is Status.REGRESSION
+
+
+def test_a_budget_failure_gives_the_peak_in_totals_where_the_baseline_did_not_move() -> None:
+    categories = {"parameters": 6 * MiB, "activations": 4 * MiB}
+    entry = {"peak_allocated": 10 * MiB, "peak_parameters": 6 * MiB, "peak_activations": 4 * MiB}
+    verdict = judge(record(categories=categories), budget(8 * MiB), entry, SETTINGS)
+    assert verdict.status is Status.OVER_BUDGET
+    assert verdict.failures[1] == (
+        "at the peak: parameters 6.00 MiB, activations 4.00 MiB; against the baseline: "
+        "parameters, activations unchanged"
+    )
