@@ -7,6 +7,7 @@ peak, its scenarios' peaks and its counters keep what came before: on sim, on cp
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 
@@ -74,6 +75,34 @@ def test_a_tests_own_peak_reset_keeps_the_spike_on_sim(pytester: pytest.Pytester
     over = "peak allocated memory 100.00 MiB exceeds max_vram(10.00 MiB) by 90.00 MiB"
     assert result.stdout.str().count(over) == len(RESETS)
     result.stdout.fnmatch_lines(["*peaks kept:*"])
+
+
+def test_a_tests_own_reset_of_the_counters_keeps_them_in_its_figures_on_sim(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import contextlib
+
+        import torch
+
+
+        def test_counts(vram):
+            with contextlib.suppress(torch.OutOfMemoryError):
+                torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
+            assert torch.cuda.memory_stats()["num_ooms"] == 1
+            torch.cuda.reset_accumulated_memory_stats()
+            assert torch.cuda.memory_stats()["num_ooms"] == 0
+            assert torch.cuda.memory_stats()["num_alloc_retries"] == 0
+        """
+    )
+    result = pytester.runpytest(
+        "--vram-backend=sim", "--vram-sim-capacity=64MiB", "--vram-json=out.json"
+    )
+    result.assert_outcomes(passed=1)
+    (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
+    assert test["counters"]["num_ooms"] == 1
+    assert test["counters"]["num_alloc_retries"] == 1
 
 
 # -- cuda, on the faked torch.cuda ----------------------------------------------------------

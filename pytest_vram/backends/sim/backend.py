@@ -126,6 +126,8 @@ class SimBackend(Backend):
         self._active = False
         self._mode: Any = None
         self._counters_at_start = (0, 0)
+        #: The out-of-memory errors and retries at the test's own last reset of them.
+        self._stats_from = (0, 0)
         #: The peaks the test's own torch.cuda.reset_peak_memory_stats() would have lost.
         self._kept = KeptPeaks()
         #: Computing: what the test may hold of the host's memory.
@@ -378,6 +380,11 @@ class SimBackend(Backend):
         self._kept.keep(self.peak_allocated(), self.peak_reserved(), self.own_peak_reserved())
         self._reset_peaks()
 
+    def reset_stats_counters(self) -> None:
+        """``torch.cuda.reset_accumulated_memory_stats()``: the counts the test reads start
+        again; those of its figures (:meth:`counters`) go on."""
+        self._stats_from = (self.segments.num_ooms, self.segments.num_alloc_retries)
+
     def _reset_peaks(self) -> None:
         self.tracker.reset_peak()
         self.segments.reset_peak()
@@ -490,8 +497,8 @@ class SimBackend(Backend):
             "reserved_bytes": stat(figures.reserved, figures.peak_reserved),
             "inactive_split_bytes": stat(self._inactive_split_bytes()),
             "segment": stat(figures.segments),
-            "num_alloc_retries": model.num_alloc_retries,
-            "num_ooms": model.num_ooms,
+            "num_alloc_retries": model.num_alloc_retries - self._stats_from[1],
+            "num_ooms": model.num_ooms - self._stats_from[0],
             "num_device_alloc": figures.num_device_alloc,
             "num_device_free": figures.num_device_free,
         }
@@ -510,8 +517,8 @@ class SimBackend(Backend):
                 f"  cached, not allocated: {format_size(figures.reserved - figures.allocated)}"
                 f" ({format_size(self._inactive_split_bytes())} in partly used segments)",
                 f"  capacity: {capacity}",
-                f"  out-of-memory errors: {model.num_ooms}, allocator retries: "
-                f"{model.num_alloc_retries}",
+                f"  out-of-memory errors: {model.num_ooms - self._stats_from[0]}, allocator "
+                f"retries: {model.num_alloc_retries - self._stats_from[1]}",
             ]
         )
 

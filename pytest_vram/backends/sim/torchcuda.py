@@ -45,6 +45,8 @@ class SimulatedDevice(Protocol):
 
     def reset_stats_peak(self) -> None: ...
 
+    def reset_stats_counters(self) -> None: ...
+
     def release_cache(self) -> None: ...
 
     def empty_cache(self) -> None: ...
@@ -328,7 +330,7 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
         "reset_peak_memory_stats": reset_peak,
         "reset_max_memory_allocated": reset_peak,
         "reset_max_memory_cached": reset_peak,
-        "reset_accumulated_memory_stats": lambda device=None: None,
+        "reset_accumulated_memory_stats": lambda device=None: dev.reset_stats_counters(),
         "memory_stats": memory_stats,
         "memory_stats_as_nested_dict": lambda device=None: dev.memory_stats_nested(),
         "memory_summary": lambda device=None, abbreviated=False: dev.memory_summary(),
@@ -377,6 +379,7 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
             "memory_reserved": functions["memory_reserved"],
             "max_memory_reserved": functions["max_memory_reserved"],
             "reset_peak_memory_stats": reset_peak,
+            "reset_accumulated_memory_stats": functions["reset_accumulated_memory_stats"],
             "memory_stats": memory_stats,
             "get_memory_info": mem_get_info,
         }
