@@ -112,9 +112,7 @@ def main() -> None:
                 times[name].append(loop(args.iterations, device))
     plain = statistics.median(times["plain, on the CPU"])
     what = "training steps" if args.backward else "iterations"
-    print(
-        f"{args.iterations} {what} of {ops} ops on 4x4 tensors, median of {args.rounds} rounds"
-    )
+    print(f"{args.iterations} {what} of {ops} ops on 4x4 tensors, median of {args.rounds} rounds")
     for name, samples in times.items():
         median = statistics.median(samples)
         print(
