@@ -126,6 +126,32 @@ def test_on_sim_a_test_that_did_not_opt_in_runs_as_without_the_plugin(
     assert document["run"]["not_measured"] == 1
 
 
+def test_a_test_that_did_not_opt_in_after_one_that_did_finds_torch_as_it_was(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_order="""
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        TO, ONES = torch.Tensor.to, torch.ones
+
+        def test_marked(vram):
+            model = torch.nn.Linear(2, 2, device="cuda")
+            model(torch.ones(1, 2, device="cuda"))
+
+        def test_plain_after():
+            assert not isinstance(torch.ones(8), FakeTensor)
+            assert not torch.cuda.is_available()
+            assert torch.Tensor.to is TO and torch.ones is ONES
+            module = torch.nn.modules.module
+            assert not module._global_forward_pre_hooks
+            assert not module._global_forward_hooks
+        """
+    )
+    pytester.runpytest(SIM, "--vram-report").assert_outcomes(passed=2)
+
+
 def test_gate_all_simulates_and_gates_every_test_above_the_floor(
     pytester: pytest.Pytester,
 ) -> None:

@@ -159,8 +159,9 @@ class VramSession:
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
         marks = item.stash.get(MARKS, None)
-        if marks is None:  # not measured
+        if marks is None:  # not measured: runs as without the plugin, global hooks included
             self.pool.pause_all()
+            self.attribution.close()
             return (yield)
         for key in (MEASUREMENT, SUBTEST_ERRORS, REPORTED_FAILED):  # an earlier run's
             if key in item.stash:
