@@ -1,5 +1,6 @@
-"""Shape-only tests make their FakeTensorMode without importing torch._dynamo, which stays
-importable and whole for code that compiles.
+"""Shape-only tests make their FakeTensorMode, and run the decompositions torch keeps from
+Dynamo, without importing torch._dynamo, which stays importable and whole for code that
+compiles.
 
 Each check runs in a fresh interpreter: this one may have imported torch._dynamo already.
 """
@@ -43,6 +44,37 @@ def test_a_shape_only_test_does_not_import_dynamo() -> None:
         """
     )
     assert out.split() == ["FakeTensor", str(256 * 256 * 4), "False"]
+
+
+def test_decompositions_run_shape_only_without_dynamo_and_compile_after() -> None:
+    # Elementwise ops with Python numbers run decompositions that torch wraps with
+    # torch._disable_dynamo, which would import torch._dynamo at their first call.
+    out = run_python(
+        """
+        import sys
+        import torch
+        from pytest_vram.backends.sim.backend import SimBackend
+
+        backend = SimBackend()
+        backend.use_values(False)
+        backend.begin_test()
+        try:
+            x = torch.rand(2, 3, 8, 8, device="cuda")
+            y = (0.299 * x[:, 0] + 0.587 * x[:, 1]).clamp(0.0, 1.0) / (x.sum() + 1e-8)
+            print(type(y).__name__, tuple(y.shape))
+        finally:
+            backend.end_test()
+        print("torch._dynamo" in sys.modules)
+        compiled = torch.compile(lambda t: (0.5 * t).clamp(0.0, 1.0), backend="eager")
+        print(compiled(torch.ones(3)).tolist())
+        backend.begin_test()
+        try:
+            print(tuple((0.5 * torch.ones(4, device="cuda")).clamp(0.0, 1.0).shape))
+        finally:
+            backend.end_test()
+        """
+    )
+    assert out.split("\n")[:4] == ["FakeTensor (2, 8, 8)", "False", "[0.5, 0.5, 0.5]", "(4,)"]
 
 
 def test_dynamo_imported_later_is_whole_and_shares_the_config() -> None:

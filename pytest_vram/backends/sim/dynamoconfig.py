@@ -8,6 +8,13 @@ second to three (with a cold disk) and which a run that never compiles does not 
 then finds the same config module, so there is still one configuration, and the package has it
 as its ``config`` attribute from the start (an import of a module already in ``sys.modules``
 does not set it on its parent, and torch 2.6's package binds it no other way).
+
+Many of the Python kernels FakeTensorMode runs (the decompositions behind elementwise ops) are
+wrapped by ``torch._disable_dynamo``, which imports ``torch._dynamo`` at their first call to
+ask it for a disabled version of the function: a second of CPU time for the first shape-only
+test of a run. :func:`defer_disabled_functions` gives each such function a stand-in for that
+disabled version, which calls the function itself while ``torch._dynamo`` is not imported
+(nothing can be compiling then) and, once it is, hands over to torch's own.
 """
 
 from __future__ import annotations
@@ -20,14 +27,18 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["load_config_alone"]
+__all__ = ["defer_disabled_functions", "load_config_alone"]
 
 _PACKAGE = "torch._dynamo"
 _CONFIG = _PACKAGE + ".config"
+# Where torch._disable_dynamo keeps a function's disabled version (no name mangling: it is set
+# in a module-level function).
+_DISABLED = "__dynamo_disable"
 
 
 class _NotYetImported(types.ModuleType):
@@ -102,4 +113,75 @@ def load_config_alone() -> bool:
     # What ``torch._dynamo.config`` reads until the real package replaces it (an import sets
     # the attribute on its parent).
     torch._dynamo = package  # type: ignore[attr-defined]
+    defer_disabled_functions()
     return True
+
+
+def defer_disabled_functions() -> int:
+    """Give each function ``torch._disable_dynamo`` wrapped, and that has not yet asked
+    ``torch._dynamo`` for its disabled version, a stand-in for it; how many got one."""
+    wrapper = getattr(getattr(torch, "_compile", None), "_disable_dynamo", None)
+    if wrapper is None or _PACKAGE in sys.modules:
+        return 0
+    try:
+        code = wrapper(_nothing).__code__
+    except Exception:  # another torch
+        return 0
+    if code.co_freevars[:1] != ("fn",):
+        return 0
+    deferred = 0
+    for inner in _functions_of_torch():
+        if inner.__code__ is code:
+            fn = inner.__closure__[0].cell_contents  # type: ignore[index]
+            if getattr(fn, _DISABLED, None) is None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(fn, _DISABLED, _until_dynamo(fn, inner))
+                    deferred += 1
+    return deferred
+
+
+def _nothing() -> None:
+    pass
+
+
+def _functions_of_torch() -> Iterator[types.FunctionType]:
+    """The functions torch's loaded modules hold, and those they wrap (``__wrapped__``, or in
+    their closures, as decorators leave them): where the decompositions and their wrappers
+    are. (Not ``gc.get_objects()``: the session freezes what exists before the tests, out of
+    its sight.)"""
+    function = types.FunctionType
+    seen: set[int] = set()
+    pending: list[Any] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch" or name.startswith("torch.")):
+            continue
+        try:
+            pending.extend(vars(module).values())
+        except TypeError:
+            continue
+        while pending:
+            value = pending.pop()
+            if type(value) is not function or id(value) in seen:
+                continue
+            seen.add(id(value))
+            yield value
+            pending.append(value.__dict__.get("__wrapped__"))
+            for cell in value.__closure__ or ():
+                with contextlib.suppress(ValueError):  # an empty cell
+                    pending.append(cell.cell_contents)
+
+
+def _until_dynamo(fn: Any, inner: Any) -> Any:
+    """What ``inner`` (torch._disable_dynamo's wrapper of ``fn``) calls instead of ``fn``'s
+    disabled version: ``fn`` itself while ``torch._dynamo`` is not imported; torch's own
+    disabled version from then on."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(sys.modules.get(_PACKAGE), "disable", None) is None:
+            return fn(*args, **kwargs)
+        # Imported: torch's wrapper makes and keeps the real one.
+        with contextlib.suppress(AttributeError):
+            delattr(fn, _DISABLED)
+        return inner(*args, **kwargs)
+
+    return call
