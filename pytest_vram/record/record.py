@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_vram.record.figures import (
+    FigureError,
     check_breakdown,
     check_categories,
     check_entry,
@@ -86,6 +87,10 @@ class TestRecord:
     #: Under torchrun, on rank 0: the ranks whose record never came. Such a record is not
     #: stored: its figures are not the maximum over every rank.
     missing_ranks: list[int] = field(default_factory=list)
+    #: For a test that failed or regressed, where the lines were taken (a rerun of the test):
+    #: the lines of the user's code that allocated what was alive at the peak, largest first,
+    #: each ``file``, ``line``, ``text``, ``bytes`` and ``category``; None where not taken.
+    peak_lines: list[dict[str, Any]] | None = None
 
     @property
     def peak_increment(self) -> int:
@@ -127,6 +132,8 @@ class TestRecord:
             del data["missing_ranks"]
         if self.categories is None:  # a cuda test's record reads as before
             del data["categories"]
+        if self.peak_lines is None:  # as does every test whose lines were not taken
+            del data["peak_lines"]
         return data
 
     @classmethod
@@ -163,9 +170,27 @@ def read_record(data: object) -> TestRecord:
         check_categories(record.categories)
     if record.ranks is not None:
         check_rank_entries(record.ranks)
+    if record.peak_lines is not None:
+        _check_peak_lines(record.peak_lines)
     # What an update would store, checked as a whole as the loader checks an entry.
     check_entry(record.nodeid, record.figures())
     return record
+
+
+def _check_peak_lines(lines: object) -> None:
+    """A record's peak lines: a list of objects, each with its bytes a figure."""
+    if not isinstance(lines, list):
+        raise FigureError(f"peak_lines must be a list, got {type(lines).__name__}")
+    for index, entry in enumerate(lines):
+        if not isinstance(entry, dict):
+            raise FigureError(f"peak_lines[{index}] must be an object")
+        check_figure(f"peak_lines[{index}].bytes", entry.get("bytes"))
+        for key in ("file", "text", "category"):
+            if not isinstance(entry.get(key, ""), str):
+                raise FigureError(f"peak_lines[{index}].{key} must be text")
+        line = entry.get("line")
+        if isinstance(line, bool) or not isinstance(line, int):
+            raise FigureError(f"peak_lines[{index}].line must be an integer")
 
 
 def sort_worst_first(records: list[TestRecord]) -> list[TestRecord]:

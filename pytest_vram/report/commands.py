@@ -16,6 +16,7 @@ from pytest_vram.record.status import rank_of
 from pytest_vram.report.comparison import render_comparison
 from pytest_vram.report.jsonfile import read_reports
 from pytest_vram.report.junitfile import JUnitFileError, MemoryTable, read_junit
+from pytest_vram.report.peakchange import explanation_lines
 from pytest_vram.report.runcomparison import RunComparison, compare_runs
 from pytest_vram.report.text import as_int, change_text, environment_line, plural, size_text
 from pytest_vram.report.text import table as table_lines
@@ -175,6 +176,7 @@ def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -
         ]
         lines += table_lines(["test", "base", "head", "change", "result"], body, right={1, 2, 3})
         lines.append("")
+    lines += explanation_lines(result.beyond, base.rows, head.rows)
     parts = [f"{count} {words}" for _, count, words in result.counts()]
     lines.append((", ".join(parts) or "no measured tests") + ".")
     if result.failed:

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from pytest_vram.record.figures import category_label
 from pytest_vram.record.status import Status, rank_of
-from pytest_vram.report.markdown import _code, _text
+from pytest_vram.report.markdown import _code, _html_code, _text
+from pytest_vram.report.peakchange import LineChange, PeakExplanation, explain, largest_rows
 from pytest_vram.report.text import as_int, change_text, plural, size_text
+from pytest_vram.units import format_delta
 
 __all__ = ["MARKER", "MAX_COMMENT_CHARS", "render_comparison"]
 
@@ -34,6 +37,7 @@ class _Change(Protocol):
     kind: str
     base: int | None
     head: int | None
+    beyond: bool
 
     @property
     def delta(self) -> int | None: ...
@@ -132,7 +136,101 @@ def render_comparison(
         [[_code(c.name), size_text(c.base, _MISSING)] for c in removed[:limit]],
         len(removed),
     )
-    return _fit(text, max_chars)
+    if len(text) > max_chars:  # the tables alone are cut: no room for more
+        return _fit(text, max_chars)
+    return text + _explanations(result, base_rows, head_rows, limit, max_chars - len(text))
+
+
+def _explanations(
+    result: _Comparison,
+    base_rows: list[Mapping[str, Any]],
+    head_rows: list[Mapping[str, Any]],
+    limit: int,
+    room: int,
+) -> str:
+    """A collapsed section per test whose peak moved beyond the tolerance: what changed at
+    its peak. Sections that would pass ``room`` are left out whole, never cut."""
+    changes = sorted(
+        (c for c in result.changes if c.beyond), key=lambda c: (-abs(c.delta or 0), c.name)
+    )[:limit]
+    if not changes:
+        return ""
+    base, head = largest_rows(base_rows), largest_rows(head_rows)
+    heading = "\n#### What changed at the peak\n"
+    blocks, silent = [], 0
+    for change in changes:
+        explanation = explain(base.get(change.name), head.get(change.name))
+        if explanation.empty:
+            silent += 1
+            continue
+        blocks.append(_details(change, explanation))
+    note = ""
+    if silent:
+        note = (
+            f"\n_{plural(silent, 'test')} without what was alive at the peak in both reports "
+            "(category totals are taken on sim and cpu, and on cuda under --vram-breakdown)._\n"
+        )
+    text = heading
+    for block in blocks:
+        if len(text) + len(block) + len(note) + len(_LEFT_OUT) > room:
+            text += _LEFT_OUT
+            break
+        text += block
+    if text == heading and not note:
+        return ""
+    return text + note if len(text) + len(note) <= room else ""
+
+
+_LEFT_OUT = "\n_More tests changed at the peak; the comment has no room for them._\n"
+
+
+def _details(change: _Change, explanation: PeakExplanation) -> str:
+    """One test's ``<details>``: its categories, the modules and the lines that grew."""
+    summary = f"{_html_code(change.name)}: {change_text(change.delta, change.percent, _MISSING)}"
+    parts = [f"\n<details><summary>{summary}</summary>"]
+    if explanation.categories is not None:
+        changed = [
+            f"{_text(category_label(name))} {format_delta(delta)}"
+            for name, delta in explanation.categories
+        ]
+        if explanation.unchanged:
+            unchanged = ", ".join(_text(category_label(name)) for name in explanation.unchanged)
+            changed.append(f"{unchanged} unchanged")
+        parts.append(
+            "At the peak, against the base: " + ("; ".join(changed) or "no category changed")
+        )
+    elif explanation.head_categories:
+        held = sorted(explanation.head_categories.items(), key=lambda item: -item[1])
+        parts.append(
+            "At the peak (the base report has no categories): "
+            + ", ".join(f"{_text(category_label(name))} {size_text(size)}" for name, size in held)
+        )
+    if explanation.modules:
+        parts.append(
+            "Modules that grew: "
+            + ", ".join(
+                f"{_code(name)} {format_delta(delta)}" for name, delta in explanation.modules
+            )
+        )
+    if explanation.lines:
+        parts.append("Lines that grew:\n\n" + _line_items(explanation.lines, grown=True))
+    elif explanation.head_lines:
+        parts.append(
+            "Lines alive at the peak (the base report has none for this test):\n\n"
+            + _line_items(explanation.head_lines, grown=False)
+        )
+    return "\n\n".join(parts) + "\n\n</details>\n"
+
+
+def _line_items(lines: Sequence[LineChange], *, grown: bool) -> str:
+    items = []
+    for line in lines:
+        text = f" {_code(line.text)}" if line.text else ""
+        size = format_delta(line.delta) if grown else size_text(line.head)
+        items.append(
+            f"- {_code(line.location)}{text}: {size} ({_text(category_label(line.category))})"
+        )
+    return "\n".join(items)
 
 
 def _shown_first(changed: list[_Change], limit: int) -> list[_Change]:

@@ -116,4 +116,14 @@ def _row(record: TestRecord) -> dict[str, Any]:
     ]
     if crossed:
         row["vram_budget"] = min(crossed)
+    # What compare explains a change with (see pytest_vram.report.peakchange).
+    breakdown = record.breakdown or {}
+    categories = record.categories if record.categories is not None else breakdown.get("categories")
+    if isinstance(categories, dict):
+        row["vram_categories"] = categories
+    modules = breakdown.get("modules")
+    if isinstance(modules, list):
+        row["vram_modules"] = {
+            str(m.get("name")): m.get("bytes") for m in modules if isinstance(m, dict)
+        }
     return row

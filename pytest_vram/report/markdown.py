@@ -7,6 +7,7 @@ short.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -210,6 +211,13 @@ def _code(text: str) -> str:
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     # GFM splits table cells on pipes before it parses code spans, even inside them.
     return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
+
+
+def _html_code(text: str) -> str:
+    """``text`` as an HTML ``<code>`` element, for where Markdown is not parsed (a
+    ``<summary>``): escaped, so it shows as text; GitHub makes nothing live inside code."""
+    text = " ".join(text.split())
+    return "<code>" + html.escape(text, quote=True) + "</code>"
 
 
 # Inside a line only these start markup; ``#``, ``-``, ``>`` and the like matter at line starts.

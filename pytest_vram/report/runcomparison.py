@@ -26,6 +26,9 @@ class PeakChange:
     kind: str
     base: int | None
     head: int | None
+    #: Whether the peak moved by more than the tolerance, either way: the changes that
+    #: ``compare`` explains (categories, modules and lines at the peak).
+    beyond: bool = False
 
     @property
     def delta(self) -> int | None:
@@ -57,6 +60,11 @@ class RunComparison:
     def grown(self) -> list[PeakChange]:
         """Tests that grew beyond the tolerance: these fail the comparison."""
         return self.of_kind("grown")
+
+    @property
+    def beyond(self) -> list[PeakChange]:
+        """Tests whose peak moved by more than the tolerance, grown or shrunk."""
+        return [c for c in self.changes if c.beyond]
 
     @property
     def failed(self) -> bool:
@@ -106,7 +114,12 @@ def compare_runs(
             kind = "shrunk"
         else:
             kind = "unchanged"
-        changes.append(PeakChange(name=name, kind=kind, base=before, head=after))
+        beyond = (
+            before is not None
+            and after is not None
+            and abs(after - before) > tolerance.allowance(before)
+        )
+        changes.append(PeakChange(name=name, kind=kind, base=before, head=after, beyond=beyond))
     changes.sort(key=lambda c: (_KIND_ORDER.index(c.kind), -abs(c.delta or 0), c.name))
     return RunComparison(tolerance=tolerance, changes=changes)
 
