@@ -15,6 +15,8 @@ from pytest_vram.baselines import shards
 from pytest_vram.errors import UsageError
 from pytest_vram.fit import command as fit_command
 from pytest_vram.report import commands as report_commands
+from pytest_vram.report import historycommand
+from pytest_vram.report.history import HistoryError
 from pytest_vram.report.junitfile import JUnitFileError
 from pytest_vram.version import __version__
 
@@ -24,6 +26,7 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
     estimate.EstimateError,
     JUnitFileError,
     shards.ShardError,
+    HistoryError,
 )
 
 
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_cli_parser(subcommands)
     fit_command.add_cli_parser(subcommands)
     report_commands.add_cli_parsers(subcommands)
+    historycommand.add_cli_parser(subcommands)
     shards.add_cli_parser(subcommands)
     return parser
 

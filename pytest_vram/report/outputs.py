@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_vram.atomic import write_atomic
+from pytest_vram.report.commit import commit_fields
 from pytest_vram.written import Written, reason_of
 
 if TYPE_CHECKING:
@@ -45,6 +46,10 @@ def write_outputs(
     outputs: list[tuple[str, Path | None, Callable[[], None]]] = []
     if settings.json_path is not None:
         path = settings.json_path
+        # The commit measured, for pytest-vram history; a document that names one keeps it.
+        run = document.setdefault("run", {})
+        if isinstance(run, dict) and "commit" not in run:
+            _attempt(written, "cannot tell the commit", lambda: run.update(commit_fields()))
         outputs.append(
             (
                 f"cannot write --vram-json {path}",
