@@ -252,3 +252,21 @@ def test_an_html_path_that_turns_unwritable_during_the_search_is_one_line_after_
     assert err.splitlines()[-1] == (
         f"pytest-vram: error: --html {page}: cannot write the page: Permission denied ({page})"
     )
+
+
+def test_a_step_that_leaks_between_attempts_is_an_error_naming_the_builder(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "fit_leaky_step.py").write_text(
+        "import torch\n\nKEPT = []\n\n\ndef build(layout):\n"
+        "    def step(batch):\n"
+        "        KEPT.append(torch.empty(batch, 1 << 20, device='cuda'))\n\n"
+        "    return step\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run(capsys, "--build", "fit_leaky_step:build", "--capacity", "1GiB")
+    sys.modules.pop("fit_leaky_step", None)
+    assert status == 2 and "Traceback" not in err and out == ""
+    (line,) = [line for line in err.splitlines() if line.startswith("pytest-vram: error")]
+    assert line.startswith("pytest-vram: error: --build fit_leaky_step:build: ")
+    assert "more allocated each time it ran" in line

@@ -135,9 +135,15 @@ def _run(args: argparse.Namespace) -> int:
             # (known values, dispatch caches) must not change how the next one runs.
             table = _run_apart(args, layouts, capacities, progress)
         else:
-            table = run_fit(
-                builder, layouts, capacities, config, max_batch=args.max_batch, say=progress
-            )
+            from pytest_vram.fit.search import NoAnswer
+
+            try:
+                table = run_fit(
+                    builder, layouts, capacities, config, max_batch=args.max_batch, say=progress
+                )
+            except NoAnswer as exc:  # a step that leaks between attempts, say
+                source = f"--config {args.config}" if args.config else f"--build {args.build}"
+                raise UsageError(f"{source}: {exc}") from None
     if args.json:
         print(json.dumps(table.to_dict(), indent=2))
     else:
