@@ -14,13 +14,10 @@ from typing import Any
 import pytest
 
 from pytest_vram.attribution.recorder import Attribution
-from pytest_vram.backends import Backend, BackendUnavailable
+from pytest_vram.backends import Backend
 from pytest_vram.backends.sim.ondemand import (
-    COMPUTING,
-    COMPUTING_BECAUSE,
     HELD_BACK,
     MAY_RUN_AGAIN,
-    ON_A_GUESS,
     RunAgain,
     run_again,
 )
@@ -28,7 +25,7 @@ from pytest_vram.backends.sim.valuesoff import needs_values_message
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank
 from pytest_vram.garbage import OLD_GARBAGE, collect_garbage
-from pytest_vram.marks import MarkerError, VramMarks
+from pytest_vram.marks import VramMarks
 from pytest_vram.measure.measurement import TestMeasurement
 from pytest_vram.measure.ownership import OwnView, broader_scoped, still_held_by_fixtures, view_for
 from pytest_vram.measure.scenarios import LeakError
@@ -37,7 +34,6 @@ from pytest_vram.raised import is_out_of_memory, release_exception
 from pytest_vram.record.record import TestRecord
 from pytest_vram.stash import (
     IN_CALL,
-    MARKER_ERROR,
     MARKS,
     MEASUREMENT,
     OPTED_IN,
@@ -45,7 +41,6 @@ from pytest_vram.stash import (
     REPORTED_FAILED,
     SUBTEST_ERRORS,
 )
-from pytest_vram.units import describe_size, format_size
 from pytest_vram.verdict import Outcome, Status, Verdict, judge
 from pytest_vram.wiring.fixturehooks import BROADER_FIXTURES_NAME, BroaderFixtures
 from pytest_vram.wiring.header import header_line
@@ -61,6 +56,7 @@ from pytest_vram.wiring.runend import RunEnd
 from pytest_vram.wiring.seeding import Seeder, pause_randomly
 from pytest_vram.wiring.selection import Selection
 from pytest_vram.wiring.snapshots import SnapshotError, SnapshotRecorder
+from pytest_vram.wiring.testbackend import backend_for
 
 __all__ = ["VramSession"]
 
@@ -171,32 +167,7 @@ class VramSession:
 
     def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
         pool = self.pool
-        try:
-            if MARKER_ERROR in item.stash:
-                raise item.stash[MARKER_ERROR]
-            backend = pool.get(marks.backend or self.settings.backend)
-        except (MarkerError, BackendUnavailable) as exc:
-            problem = f"usage error in {item.nodeid}: {exc}"
-        else:
-            problem = None
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
-        if len(pool.backends) > 1:  # the only one is this test's: nothing else to pause
-            pool.pause_all(keep=backend)
-        stash = item.stash  # values on demand's choice, for the simulated device
-        backend.use_values(
-            stash.get(COMPUTING, False),
-            stash.get(COMPUTING_BECAUSE, None),
-            guess=stash.get(ON_A_GUESS, False),
-        )
-        if marks.required is not None:
-            total = backend.total_memory()
-            if total is not None and total < marks.required:
-                raise pytest.skip.Exception(
-                    f"requires_vram({describe_size(marks.required_as_written)}): the "
-                    f"{backend.name} device has {format_size(total)}",
-                    _use_item_location=True,  # reported at the test, as a marker's skip is
-                )
+        backend = backend_for(item, marks, pool, self.settings.backend)
         ranks = None
         if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun
             from pytest_vram.backends.sim.ranks import ranks_for
