@@ -30,6 +30,7 @@ from pytest_vram.backends.gradsums import (
     accumulates_in_place,
     scattered_in_place,
 )
+from pytest_vram.backends.wrappednumbers import numbers_as_tensors
 
 __all__ = [
     "AllocationListener",
@@ -75,6 +76,10 @@ class AllocationListener(Protocol):
 
 
 _TRACKER_NUMBERS = itertools.count()
+
+#: What asking a tensor for its storage raises where it has none: sparse, nested and other
+#: storage-less kinds, and a lazy module's parameter before its first forward (ValueError).
+_NO_STORAGE = (NotImplementedError, RuntimeError, ValueError)
 
 #: The trackers that have listeners now, and other sources of allocations that want to hear of
 #: fixtures being made (listen_for_fixtures).
@@ -251,7 +256,7 @@ class StorageTracker:
             return None
         try:
             storage = tensor.untyped_storage()
-        except (NotImplementedError, RuntimeError):
+        except _NO_STORAGE:
             return None
         record = getattr(storage, self._key, None)
         size = None
@@ -285,7 +290,7 @@ class StorageTracker:
             return
         try:
             storage = tensor.untyped_storage()
-        except (NotImplementedError, RuntimeError):  # sparse, nested and other storage-less kinds
+        except _NO_STORAGE:
             return
         record = getattr(storage, self._key, None)
         if record is None and not register:
@@ -318,7 +323,7 @@ class StorageTracker:
         """Whether ``tensor``'s storage is one of the live storages counted."""
         try:
             return hasattr(tensor.untyped_storage(), self._key)
-        except (NotImplementedError, RuntimeError):
+        except _NO_STORAGE:
             return False
 
     def allocation_of(self, tensor: torch.Tensor) -> tuple[Any, int] | None:
@@ -326,7 +331,7 @@ class StorageTracker:
         when the storage is not one the tracker counts."""
         try:
             record = getattr(tensor.untyped_storage(), self._key, None)
-        except (NotImplementedError, RuntimeError):
+        except _NO_STORAGE:
             return None
         return None if record is None else (record.handle, record.request)
 
@@ -430,6 +435,13 @@ class _TrackingMode(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return False
 
+    # Dynamo runs every frame uncompiled while a mode that does not say this is active, so a
+    # test that checks what torch.compile made (graphs, breaks, guards) would see nothing. What
+    # the compiled code runs through the dispatcher is still counted here.
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
     def __init__(self, tracker: StorageTracker) -> None:
         super().__init__()
         self.tracker = tracker
@@ -443,6 +455,13 @@ class _TrackingMode(TorchDispatchMode):
             # A derivative formula filling its fresh zeros, in place as without a mode.
             func = scattered_in_place(func, sys._getframe(1)) or func
         # func._op skips OpOverload.__call__'s Python frame: this runs for every op.
-        out = func._op(*args, **kwargs) if kwargs else func._op(*args)
+        try:
+            out = func._op(*args, **kwargs) if kwargs else func._op(*args)
+        except RuntimeError as exc:
+            # A wrapped number handed over as a Python number, refused before the op ran.
+            retried = numbers_as_tensors(func, args, kwargs or {}, exc)
+            if retried is None:
+                raise
+            out = func._op(*retried[0], **retried[1])
         self._observe_output(func, out)
         return out
