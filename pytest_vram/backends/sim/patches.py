@@ -5,6 +5,11 @@ classes while a test runs. A :class:`PatchSet` records what each replacement hid
 :meth:`PatchSet.restore` puts back exactly what was there, object for object, last first, and
 adds no names: an attribute a class only inherited is deleted again. Only what exists in the
 torch version at hand is replaced.
+
+A replacement of a function that TorchScript compiles as an operator (``torch.arange`` is
+``aten::arange``) is made known to TorchScript as that operator, so that a function scripted
+while the replacement is in place calls the operator, as it would without it: TorchScript
+cannot compile the Python wrapper itself.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ __all__ = ["PatchSet"]
 _MISSING = object()
 # What a class only inherited: restoring deletes the class's own attribute again.
 _INHERITED = object()
+
+
+def _same_builtin(value: object, original: object) -> None:
+    """Make ``value`` the TorchScript operator that ``original`` is, if it is one."""
+    if value is original or not callable(original):
+        return
+    from torch.jit import _builtins
+
+    op = _builtins._find_builtin(original)
+    if op is not None:
+        # Kept for the session: each replacement is made once and lives as long.
+        _builtins._register_builtin(value, op)
 
 
 class PatchSet:
@@ -42,6 +59,7 @@ class PatchSet:
             return
         self._saved.append((owner, name, original))
         setattr(owner, name, value)
+        _same_builtin(value, original)
 
     def shadow(self, owner: object, name: str, value: object) -> None:
         """Set ``name`` on ``owner`` where it has it, inherited included."""
