@@ -21,7 +21,7 @@ or ``Sequential`` each on its own), the largest first.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_vram.record.figures import (
@@ -89,6 +89,10 @@ def describe_breakdown(breakdown: Mapping[str, Any]) -> str:
     return text
 
 
+def _never() -> bool:
+    return False
+
+
 class _GlobalHooks:
     """The global module and optimizer hooks of the breakdowns that listen now.
 
@@ -102,11 +106,15 @@ class _GlobalHooks:
         self.breakdowns: tuple[PeakBreakdown, ...] = ()
         self._handles: list[Any] = []
         self._held = False
+        self._compiling: Callable[[], bool] = _never
 
     def attach(self, breakdown: PeakBreakdown) -> None:
         if not self._handles:
+            import torch.compiler
             from torch.nn.modules import module as nn_module
             from torch.optim import optimizer as optim
+
+            self._compiling = torch.compiler.is_compiling
 
             self._handles = [
                 nn_module.register_module_forward_pre_hook(self._pre_forward),
@@ -132,11 +140,18 @@ class _GlobalHooks:
             handle.remove()
         self._handles = []
 
+    # Inside a graph torch.compile traces, the hooks do nothing: traced, they would end up in
+    # the graph or break it, and the compiled code runs without them.
+
     def _pre_forward(self, module: Any, args: Any) -> None:
+        if self._compiling():
+            return
         for breakdown in self.breakdowns:
             breakdown._pre_forward(module, args)
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         for breakdown in self.breakdowns:
             breakdown._post_forward(module, args, output)
 
@@ -289,11 +304,15 @@ class PeakBreakdown:
         self._note_module_tensors(root)
 
     def _note_module_tensors(self, root: Any) -> None:
+        from torch.nn.parameter import is_lazy
+
         tag_of = self.tracker.tag_of
         for module in root.modules():
             unit = self._unit_of_module.get(id(module))
             for param in module._parameters.values():
-                if param is None:
+                # A lazy module's parameter has no storage before its first forward: it is
+                # noted when the result is taken, as what it became.
+                if param is None or is_lazy(param):
                     continue
                 self._unit_of_param[id(param)] = unit
                 self._note("parameters", param, unit)
@@ -373,7 +392,7 @@ class PeakBreakdown:
         modules: dict[str, dict[str, int]] = {}
         known = self.known
         for tag, size, place in live:
-            category, unit = known.get(tag) or _by_place(place)
+            category, unit = known.get(tag) or by_place(place)
             categories[category] += size
             if unit is not None and self.modules:
                 per = modules.setdefault(unit, dict.fromkeys(CATEGORIES, 0))
@@ -420,7 +439,7 @@ class PeakBreakdown:
         return [(tag, size, where.get(tag)) for tag, size in live.items()]
 
 
-def _by_place(place: tuple[int | None, str | None] | None) -> tuple[str, str | None]:
+def by_place(place: tuple[int | None, str | None] | None) -> tuple[str, str | None]:
     """The category and module unit of a storage no hook met, from where it was allocated
     (phase, unit), None when unknown."""
     phase, unit = place or _HELD

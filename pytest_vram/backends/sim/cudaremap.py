@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.amp.autocast_mode
+from torch.nn.parameter import UninitializedTensorMixin
 
 from pytest_vram.backends.cpu import allocator as cpu_allocator
 
@@ -219,12 +220,21 @@ def replacements(
     methods of ``specials`` (the function mode's replacements, called with the original, the
     arguments and the keyword arguments), the factories that pin or make an optimizer's host
     scalars, the CUDA lazy initialisation (a no-op) and autocast's entry and exit."""
+    methods: dict[Callable, Callable] = {}
     for original, special in specials.items():
         name = getattr(original, "__name__", None)
         if name == "to":
-            yield torch.Tensor, name, _to_method(special, original)
+            methods[original] = _to_method(special, original)
         elif name is not None and name != "__format__":
-            yield torch.Tensor, name, _method(special, original)
+            methods[original] = _method(special, original)
+    for original, method in methods.items():
+        yield torch.Tensor, original.__name__, method
+    # A lazy module's uninitialised parameter refuses every method but the ones it lists by
+    # identity (to, cuda, cpu, ...): the replacements of those are allowed too.
+    allowed = UninitializedTensorMixin._allowed_methods
+    extra = [methods[method] for method in allowed if method in methods]
+    if extra:
+        yield UninitializedTensorMixin, "_allowed_methods", [*allowed, *extra]
     made = {original.__name__: original for original in host_factories}
     for name in _PINNING_FACTORIES:
         original = getattr(torch, name, None)

@@ -90,7 +90,7 @@ class OpCounting:
             return False
         try:
             storage = tensor.untyped_storage()
-        except (NotImplementedError, RuntimeError):
+        except (NotImplementedError, RuntimeError, ValueError):  # no storage, or not yet one
             return False
         data = storage.data_ptr()
         # An empty storage allocates nothing, on the device as anywhere.
