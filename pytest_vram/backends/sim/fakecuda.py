@@ -90,6 +90,14 @@ def _grad_scaler_step(
     return optimizer.step(*args, **kwargs)
 
 
+def _graph_run_eagerly(self: Any, model: Any, inputs: Any, **kwargs: Any) -> Any:
+    # Inductor's kernels allocate behind the dispatcher, unseen, so that a test's figures
+    # would depend on whether it compiled; the graph Dynamo captured runs op by op instead
+    # (as the "eager" backend runs it), counted as eager code is. Graphs, breaks and guards
+    # are Dynamo's, the same.
+    return model.forward
+
+
 def _pin_nothing(data: Any, device: Any = None) -> Any:
     return data
 
@@ -145,6 +153,7 @@ class VirtualCuda:
         self._patches = PatchSet()
         self._default_device: Any = None
         self._stance: Any = _MISSING
+        self._computing = False
         self._finder: PatchOnImport | None = None
         #: ``torch.cuda.memory``'s allocator history, recorded while a test asks for it.
         self._history = MemoryHistory(device)  # type: ignore[arg-type]
@@ -162,6 +171,7 @@ class VirtualCuda:
             # Tensor only inherits it, from a class of C that cannot be patched.
             self._patches.shadow(torch.Tensor, "record_stream", record_stream)
             self._host_scalars.start()
+            self._computing = computing
             self._force_eager()
             if not computing:
                 self._answer_not_tracing()
@@ -219,15 +229,14 @@ class VirtualCuda:
         self._finder = finder
 
     def _force_eager(self) -> None:
-        """Run ``torch.compile``'d code eagerly while the test runs.
+        """Shape-only, run ``torch.compile``'d code eagerly while the test runs.
 
         Compiled for fake tensors, Inductor's kernels would write through fake data pointers
-        (a segmentation fault); compiled for the CPU, they would allocate behind the
-        dispatcher, unseen, so that a test's figures would depend on whether it computed.
-        Eager, the same ops run and are counted either way. Dynamo is not imported for it:
-        a test that compiles imports it, through torch.compile, which calls this again.
+        (a segmentation fault). Dynamo is not imported for it: a test that compiles imports
+        it, through torch.compile, which calls this again. Computing, Dynamo compiles and
+        Inductor's graphs run eagerly instead (:func:`_graph_run_eagerly`).
         """
-        if self._stance is not _MISSING:
+        if self._stance is not _MISSING or self._computing:
             return
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         stance = getattr(eval_frame, "DynamoStance", None)
@@ -298,6 +307,9 @@ class VirtualCuda:
         yield from cuda_replacements(self._device)
         yield from self._history.replacements()
         yield torch, "compile", self._compile(torch.compile)
+        inductor = getattr(torch, "_TorchCompileInductorWrapper", None)
+        if computing and inductor is not None:
+            yield inductor, "__call__", _graph_run_eagerly
         if not computing:
             yield nn.Module, "_apply", module_apply
             # trunc_normal_ redraws on values; shape-only, as often as a real run most likely
