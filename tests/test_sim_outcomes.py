@@ -1,0 +1,240 @@
+"""Causes of a test that passes plain and failed on the simulated device, each reproduced with
+torch alone: a traced module checked against other inputs, a scripted function that calls a
+factory, lazy modules, and torch.compile under the counting dispatch mode."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_vram.backends.sim.backend import SimBackend
+from pytest_vram.backends.tracker import StorageTracker
+
+
+class _Listener:
+    """A listener of the tracker, as attribution's: the computing test counts in Python."""
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
+        pass
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
+        pass
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None:
+        pass
+
+
+def _dispatch_modes() -> list[Any]:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return _get_current_dispatch_mode_stack()
+
+
+@pytest.fixture(params=["op counter", "dispatch mode"])
+def computing(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
+    """A computing test on the simulated device, counted by the op counter or, as while
+    attribution listens, by the tracker's dispatch mode."""
+    backend = SimBackend()
+    backend.use_values(True)
+    listener = _Listener()
+    if request.param == "dispatch mode":
+        backend.tracker.add_listener(listener)
+    backend.begin_test()
+    try:
+        if request.param == "dispatch mode":
+            assert backend.tracker.mode in _dispatch_modes()
+        yield backend
+    finally:
+        backend.end_test()
+        backend.tracker.remove_listener(listener)
+
+
+class _Twice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0).view(-1)
+
+
+def test_a_traced_module_checked_against_other_inputs_runs_under_the_counting_mode() -> None:
+    # Torch hands a Python dispatch mode the graph's constant 2.0 as a float.
+    tracker = StorageTracker(counts=lambda tensor: True)
+    with tracker.mode:
+        x = torch.ones(2, 3)
+        traced = torch.jit.trace(_Twice(), x, check_inputs=[(torch.ones(4, 3),)])
+        out = traced(x)
+    assert out.tolist() == [2.0] * 6
+    assert tracker.peak > 0
+
+
+def test_a_traced_module_checked_against_other_inputs_computes(computing: SimBackend) -> None:
+    x = torch.ones(2, 3, device="cuda")
+    traced = torch.jit.trace(_Twice(), x, check_inputs=[(torch.ones(4, 3, device="cuda"),)])
+    assert traced(x).sum().item() == 12.0
+    assert computing.peak_allocated() > 0
+
+
+_ARANGE = torch.arange
+
+
+def _numbers(n: int) -> torch.Tensor:
+    return torch.arange(n) * 2
+
+
+def test_a_function_that_calls_a_factory_is_scripted_while_computing(
+    computing: SimBackend,
+) -> None:
+    # Computing, torch.arange is the simulated device's wrapper, which TorchScript cannot
+    # compile: it is known to TorchScript as aten::arange.
+    assert torch.arange is not _ARANGE
+    scripted = torch.jit.script(_numbers)
+    assert scripted(3).tolist() == [0, 2, 4]
+
+
+def test_a_lazy_module_moves_and_initialises_while_computing(computing: SimBackend) -> None:
+    model = nn.LazyLinear(4).to("cuda")
+    out = model(torch.ones(2, 3, device="cuda"))
+    assert out.shape == (2, 4)
+    assert model.weight.shape == (4, 3)
+    assert computing.counted(model.weight)
+
+
+def test_an_uninitialised_parameter_has_no_tag() -> None:
+    tracker = StorageTracker(counts=lambda tensor: True, adopt_unseen=True)
+    tracker.add_listener(_Listener())
+    assert tracker.tag_of(nn.LazyLinear(4).weight) is None
+    assert not tracker.counted(nn.LazyLinear(4).weight)
+
+
+def _sine(x: torch.Tensor) -> torch.Tensor:
+    return (x.sin() * 2).exp()
+
+
+def test_dynamo_compiles_under_the_counting_mode() -> None:
+    tracker = StorageTracker(counts=lambda tensor: True)
+    x = torch.ones(1024)
+    with tracker.mode:
+        explained = torch._dynamo.explain(_sine)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_a_function_compiled_while_computing_is_one_graph_and_counted(
+    computing: SimBackend,
+) -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(_sine, backend=counter)
+    x = torch.ones(1024, device="cuda")
+    computing.reset_peak()
+    start = computing.allocated()
+    out = compiled(x)
+    assert counter.frame_count == 1
+    # Its ops run through the dispatcher, seen as eager code is: two tensors at once beside x.
+    assert computing.peak_allocated() - start == 2 * 4096
+    assert torch.allclose(out, _sine(x))
+    explained = torch._dynamo.explain(_sine)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_inductor_runs_the_graph_eagerly_while_computing(computing: SimBackend) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(_sine)  # the default backend, Inductor
+    x = torch.ones(1024, device="cuda")
+    computing.reset_peak()
+    start = computing.allocated()
+    out = compiled(x)
+    assert computing.peak_allocated() - start == 2 * 4096
+    assert torch.allclose(out, _sine(x))
+
+
+# Each cause in a test of its own, as a suite has them: every test passes under plain pytest.
+SUITE = """
+import pytest
+import torch
+from torch import nn
+
+OPT_IN = {opt_in}
+
+
+def measured(test):
+    return pytest.mark.max_vram("1GB")(test) if OPT_IN else test
+
+
+class Twice(nn.Module):
+    def forward(self, x):
+        return (x * 2.0).view(-1)
+
+
+@measured
+def test_trace_check_inputs():
+    x = torch.ones(2, 3)
+    traced = torch.jit.trace(Twice(), x, check_inputs=[(torch.ones(4, 3),)])
+    assert traced(x).sum().item() == 12.0
+
+
+def numbers(n: int) -> torch.Tensor:
+    return torch.arange(n) * 2
+
+
+@measured
+def test_script_a_factory():
+    assert torch.jit.script(numbers)(3).tolist() == [0, 2, 4]
+
+
+@measured
+def test_lazy_module():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.LazyLinear(4).to(device)
+    assert model(torch.ones(2, 3, device=device)).shape == (2, 4)
+
+
+def sine(x):
+    return (x.sin() * 2).exp()
+
+
+@measured
+def test_compiled_function():
+    explained = torch._dynamo.explain(sine)(torch.ones(8))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+@measured
+def test_compiled_module():
+    from torch._dynamo.testing import CompileCounter
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    counter = CompileCounter()
+    torch.compile(model, backend=counter)(torch.ones(4, 8))
+    explained = torch._dynamo.explain(model)(torch.ones(4, 8))
+    assert (counter.frame_count, explained.graph_count, explained.graph_break_count) == (1, 1, 0)
+"""
+
+
+def _outcomes(pytester: pytest.Pytester, *options: str) -> dict[str, str]:
+    junit = pytester.path / "outcomes.xml"
+    pytester.runpytest_subprocess(f"--junitxml={junit}", "-p", "no:randomly", *options)
+    found = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        found[case.attrib["name"]] = "failed" if failed else "passed"
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "opt_in, options",
+    [(True, ()), (False, ("--vram-report", "--vram-gate=all"))],
+    ids=["opted in", "every test gated"],
+)
+def test_each_cause_keeps_its_outcome_on_the_simulated_device(
+    pytester: pytest.Pytester, opt_in: bool, options: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(test_causes=SUITE.format(opt_in=opt_in))
+    plain = _outcomes(pytester, "-p", "no:vram")
+    assert set(plain.values()) == {"passed"} and len(plain) == 5
+    assert _outcomes(pytester, "--vram-backend=sim", *options) == plain
