@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -533,3 +534,21 @@ def test_a_test_that_did_not_opt_in_is_never_compared() -> None:
     result = compare_runs(base, head, "5%")
     assert not result.failed
     assert [(c.name, c.kind) for c in result.changes] == [("gated", "unchanged")]
+
+
+def test_summary_reads_a_vram_json_document_and_names_one_that_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_vram.record.record import TestRecord
+    from pytest_vram.report.document import build_document
+
+    records = [TestRecord("t.py::test_a", "cpu", "cpu", peak_allocated=4096, status="ok")]
+    document = tmp_path / "run.json"
+    document.write_text(json.dumps(build_document(records, {}, {"measured": "all"})))
+    assert main(["summary", str(document)]) == 0
+    out = capsys.readouterr().out
+    assert "t.py::test_a" in out and "4.00 KiB" in out
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    assert main(["summary", str(listed)]) == 2
+    assert "not a pytest-vram --vram-json document" in capsys.readouterr().err

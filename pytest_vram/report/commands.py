@@ -14,9 +14,9 @@ from typing import Any
 from pytest_vram.errors import UsageError
 from pytest_vram.record.status import rank_of
 from pytest_vram.report.comparison import render_comparison
-from pytest_vram.report.jsonfile import read_reports
-from pytest_vram.report.junitfile import JUnitFileError, MemoryTable, read_junit
-from pytest_vram.report.peakchange import explanation_lines
+from pytest_vram.report.jsonfile import read_report, read_reports
+from pytest_vram.report.junitfile import JUnitFileError, MemoryTable
+from pytest_vram.report.peakchange import add_lines, explanation_lines, flagged_tests
 from pytest_vram.report.runcomparison import RunComparison, compare_runs
 from pytest_vram.report.text import as_int, change_text, environment_line, plural, size_text
 from pytest_vram.report.text import table as table_lines
@@ -34,11 +34,16 @@ def add_cli_parsers(subcommands: Any) -> None:
     """Add ``summary`` and ``compare`` to the ``pytest-vram`` command."""
     summary = subcommands.add_parser(
         "summary",
-        help="print the memory table of a JUnit XML file",
-        description="Print the memory figures pytest-vram recorded in a JUnit XML file.",
+        help="print the memory table of a run (a JUnit XML file or a --vram-json document)",
+        description=(
+            "Print the memory figures pytest-vram recorded in a JUnit XML file written with "
+            "--junitxml or in a document written with --vram-json."
+        ),
     )
     summary.add_argument(
-        "file", metavar="FILE", help="a JUnit XML file written by pytest --junitxml"
+        "file",
+        metavar="FILE",
+        help="a JUnit XML file written by pytest --junitxml, or a --vram-json document",
     )
     summary.set_defaults(run=_run_summary)
 
@@ -69,7 +74,26 @@ def add_cli_parsers(subcommands: Any) -> None:
         action="store_true",
         help="print the changes as Markdown for a pull-request comment; nothing when none",
     )
+    comparison.add_argument(
+        "--base-lines",
+        metavar="FILE",
+        help="a --vram-json document of a second pass on the base (--vram-peak-lines=all over "
+        "the tests `pytest-vram flagged HEAD` lists): its peak lines join the base's",
+    )
     comparison.set_defaults(run=_run_compare)
+
+    flagged = subcommands.add_parser(
+        "flagged",
+        help="list the tests a --vram-json document flagged, for a second pass on the base",
+        description=(
+            "Print the node ids of the gated tests a --vram-json document flagged (failed a "
+            "memory check, or carries the lines alive at its peak), one per line, as a file "
+            "pytest reads with @FILE. A node id that is not a plain relative path::name is "
+            "left out, so a crafted report cannot pass pytest an option."
+        ),
+    )
+    flagged.add_argument("report", metavar="REPORT", help="a --vram-json document")
+    flagged.set_defaults(run=_run_flagged)
 
 
 def _tolerance(text: str) -> Tolerance:
@@ -80,7 +104,7 @@ def _tolerance(text: str) -> Tolerance:
 
 
 def _run_summary(args: argparse.Namespace) -> int:
-    table = read_junit(args.file)
+    table = read_report(args.file)
     print(_summary_text(table), end="")
     return 0
 
@@ -139,12 +163,20 @@ def _run_compare(args: argparse.Namespace) -> int:
             f"{head.path}: none of its {plural(head.total, 'test')} carries vram "
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
+    if args.base_lines:
+        add_lines(base.rows, read_report(args.base_lines).rows)
     result = compare_runs(base.rows, head.rows, args.tolerance)
     if args.markdown:
         print(render_comparison(result, base.rows, head.rows), end="")
     else:
         print(_compare_text(base, head, result), end="")
     return 1 if result.failed else 0
+
+
+def _run_flagged(args: argparse.Namespace) -> int:
+    for nodeid in flagged_tests(read_json_report(args.report).rows):
+        print(nodeid)
+    return 0
 
 
 def _compare_text(base: MemoryTable, head: MemoryTable, result: RunComparison) -> str:
