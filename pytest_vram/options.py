@@ -173,6 +173,14 @@ def add_options(parser: pytest.Parser) -> None:
         "(parameters, gradients, optimizer, activations, temporaries, other) that sim and cpu "
         "tests store in their baselines; on cuda, take both",
     )
+    group.addoption(
+        "--vram-peak-lines",
+        choices=("failing", "all", "no"),
+        default="failing",
+        help="which gated tests run once more to record the lines of your code alive at their "
+        "peak: failing (over budget, a regression, a leak or out of memory; the default), "
+        "all, or no",
+    )
     parser.addini("vram_backend", "default backend: auto, cuda, cpu or sim", default="auto")
     parser.addini(
         "vram_cpu_counter",

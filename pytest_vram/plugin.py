@@ -32,6 +32,7 @@ RANKS_NAME = "vram-ranks"
 VALUES_NAME = "vram-values"
 FINAL_REPORTS_NAME = "vram-final-reports"
 CUDA_GUARD_NAME = "vram-collection-cuda"
+PEAK_LINES_NAME = "vram-peak-lines"
 SETTINGS = pytest.StashKey[Settings]()
 
 
@@ -99,6 +100,11 @@ def pytest_configure(config: pytest.Config) -> None:
         session = VramSession(config, settings, store or _load_store(settings), selection)
         config.pluginmanager.register(session, PLUGIN_NAME)
         config.pluginmanager.register(FinalReports(), FINAL_REPORTS_NAME)
+        peak_lines = config.getoption("--vram-peak-lines", "failing")
+        if peak_lines != "no":
+            from pytest_vram.wiring.peaklines import PeakLines
+
+            config.pluginmanager.register(PeakLines(config, session, peak_lines), PEAK_LINES_NAME)
         values = ValuesOnDemand(
             config,
             policy=settings.sim_compute,

@@ -263,3 +263,31 @@ def test_history_of_real_runs(pytester: pytest.Pytester, capsys: pytest.CaptureF
     assert len(history.commits) == 3
     assert [(s.commit, s.after - s.before) for s in history.steps] == [(1, 4096)]
     assert (root / "history.html").read_text().count('stroke-dasharray="3 3"') == 1
+
+
+def test_the_fast_reader_agrees_with_json() -> None:
+    from pytest_vram.record.record import TestRecord
+    from pytest_vram.report.document import build_document
+    from pytest_vram.report.documentscan import scan_document
+
+    records = [
+        TestRecord(
+            nodeid='t.py::test_a["quoted\\\\"]', backend="sim", device="sim", peak_allocated=5
+        ),
+        TestRecord(nodeid="t.py::test_b", backend="sim", device="sim", peak_allocated=7),
+        TestRecord(nodeid="t.py::test_b", backend="cpu", device="cpu", peak_allocated=9),
+        TestRecord(nodeid="t.py::test_c", backend="sim", device="sim", status="ungated"),
+    ]
+    document = build_document(records, {}, {"measured": "marked", "commit": "c" * 40})
+    text = json.dumps(document, indent=2) + "\n"
+    run, created, peaks = scan_document(text)
+    assert run == document["run"] and created == document["created"]
+    assert peaks == {
+        't.py::test_a["quoted\\\\"]': (5, "ok"),
+        "t.py::test_b": (9, "ok"),
+        "t.py::test_c": (0, "ungated"),
+    }
+    # Another layout, or the run section not last: parsed whole instead.
+    assert scan_document(json.dumps(document)) is None
+    moved = {"run": document["run"], **{k: v for k, v in document.items() if k != "run"}}
+    assert scan_document(json.dumps(moved, indent=2)) is None

@@ -14,7 +14,7 @@ from typing import Any
 from pytest_vram.errors import UsageError
 from pytest_vram.record.status import rank_of
 from pytest_vram.report.comparison import render_comparison
-from pytest_vram.report.jsonfile import read_report, read_reports
+from pytest_vram.report.jsonfile import read_json_report, read_report, read_reports
 from pytest_vram.report.junitfile import JUnitFileError, MemoryTable
 from pytest_vram.report.peakchange import add_lines, explanation_lines, flagged_tests
 from pytest_vram.report.runcomparison import RunComparison, compare_runs

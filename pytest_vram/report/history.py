@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_vram.report.documentscan import scan_document
 from pytest_vram.report.markdown import _code, _text
 from pytest_vram.report.text import change_text, plural, size_text
 from pytest_vram.units import Tolerance, parse_tolerance
@@ -109,7 +110,7 @@ def read_history(directory: str | os.PathLike[str], tolerance: str | Tolerance =
     )
     if not paths:
         raise HistoryError(f"{root}: no --vram-json documents (*.json, *.json.gz) in it")
-    loaded = [_load(path) for path in paths]
+    loaded = _load_all(paths)
     # By the commit's date; documents of one commit (shards, reruns) merge into one point.
     loaded.sort(key=lambda item: (item[0].date, item[0].name))
     commits: list[Commit] = []
@@ -145,35 +146,70 @@ def _steps(series: dict[str, list[int | None]], tolerance: Tolerance) -> list[St
 
 def _load(path: Path) -> tuple[Commit, dict[str, int]]:
     """A document's commit and each gated test's peak."""
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as stream:
-            document = json.load(stream)
-    except (OSError, ValueError, EOFError, RecursionError) as exc:
-        raise HistoryError(f"{path}: cannot read it as JSON: {exc}") from None
-    if not isinstance(document, dict) or "pytest_vram" not in document:
-        raise HistoryError(f"{path}: not a pytest-vram --vram-json document")
-    run = document.get("run")
-    run = run if isinstance(run, dict) else {}
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as stream:
+                text = stream.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError, EOFError) as exc:
+        raise HistoryError(f"{path}: cannot read it: {exc}") from None
+    scanned = scan_document(text)
+    if scanned is not None:
+        run, created, found = scanned
+        peaks = {name: peak for name, (peak, status) in found.items() if status != _UNGATED}
+    else:
+        run, created, peaks = _parse(path, text)
     name = run.get("commit")
-    date = run.get("commit_date") or document.get("created") or ""
+    date = run.get("commit_date") or created or ""
     commit = Commit(
         name=name if isinstance(name, str) and name else path.name,
         date=date if isinstance(date, str) else "",
         path=os.fspath(path),
     )
+    return commit, peaks
+
+
+def _parse(path: Path, text: str) -> tuple[dict[str, Any], str, dict[str, int]]:
+    """The document parsed whole: one the plugin did not lay out itself."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise HistoryError(f"{path}: cannot read it as JSON: {exc}") from None
+    if not isinstance(document, dict) or "pytest_vram" not in document:
+        raise HistoryError(f"{path}: not a pytest-vram --vram-json document")
+    run = document.get("run")
+    created = document.get("created")
     peaks: dict[str, int] = {}
     tests = document.get("tests")
     for test in tests if isinstance(tests, list) else ():
-        # type() checks: this loop runs for every test of every commit.
-        if type(test) is not dict or test.get("status") == _UNGATED:
+        if not isinstance(test, dict) or test.get("status") == _UNGATED:
             continue
         peak, nodeid = test.get("peak_allocated"), test.get("nodeid")
         if type(peak) is int and type(nodeid) is str:
             old = peaks.get(nodeid)
             if old is None or peak > old:
                 peaks[nodeid] = peak
-    return commit, peaks
+    return (
+        run if isinstance(run, dict) else {},
+        created if isinstance(created, str) else "",
+        peaks,
+    )
+
+
+def _load_all(paths: list[Path]) -> list[tuple[Commit, dict[str, int]]]:
+    """Every document, on each CPU core where there are many: reading is the history's cost."""
+    workers = min(os.cpu_count() or 1, 8)
+    if workers < 2 or len(paths) < _PARALLEL_FROM:
+        return [_load(path) for path in paths]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_load, paths, chunksize=8))
+
+
+#: Documents below which the process pool costs more than it saves.
+_PARALLEL_FROM = 32
 
 
 def steps_markdown(history: History, limit: int = 20) -> str:

@@ -12,7 +12,13 @@ from typing import Any
 from pytest_vram.record.record import TestRecord
 from pytest_vram.report.document import baseline_peak, record_row, snapshot_of
 
-__all__ = ["SUITE_ENVIRONMENT_KEYS", "junit_properties", "row_properties", "suite_properties"]
+__all__ = [
+    "SUITE_ENVIRONMENT_KEYS",
+    "junit_properties",
+    "peak_line_text",
+    "row_properties",
+    "suite_properties",
+]
 
 #: The environment facts a suite carries as ``vram_env_<key>`` properties, in order.
 SUITE_ENVIRONMENT_KEYS = (
@@ -64,7 +70,17 @@ def row_properties(test: Mapping[str, Any]) -> list[tuple[str, object]]:
     snapshot = snapshot_of(test)
     if snapshot is not None:
         props.append(("vram_snapshot", snapshot))
+    # The lines alive at the peak of a test that failed: "BYTES CATEGORY FILE:LINE TEXT".
+    for index, line in enumerate(test.get("peak_lines") or (), 1):
+        props.append((f"vram_peak_line_{index}", peak_line_text(line)))
     return props
+
+
+def peak_line_text(line: Mapping[str, Any]) -> str:
+    """One peak line as a JUnit property value: ``1610612736 activations model.py:54 attn =
+    q @ k.transpose(-2, -1)``; :func:`pytest_vram.report.peakchange.read_peak_line` reads it."""
+    text = " ".join(str(line.get("text") or "").split())
+    return f"{line['bytes']} {line['category']} {line['file']}:{line['line']} {text}".rstrip()
 
 
 def suite_properties(environments: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:

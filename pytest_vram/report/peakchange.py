@@ -11,6 +11,7 @@ plain data: the renderers neutralise the names before they show them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,7 +20,16 @@ from pytest_vram.record.figures import CATEGORIES, category_label
 from pytest_vram.report.text import as_int, size_text
 from pytest_vram.units import format_delta
 
-__all__ = ["LineChange", "PeakExplanation", "explain", "explanation_lines", "largest_rows"]
+__all__ = [
+    "LineChange",
+    "PeakExplanation",
+    "add_lines",
+    "explain",
+    "explanation_lines",
+    "flagged_tests",
+    "largest_rows",
+    "read_peak_line",
+]
 
 #: How many modules and lines an explanation lists, largest first.
 SHOWN = 5
@@ -83,6 +93,38 @@ def largest_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, An
     return found
 
 
+def add_lines(rows: list[dict[str, Any]], extra: Iterable[Mapping[str, Any]]) -> None:
+    """Give ``rows`` the peak lines that the rows of another run of the same tests carry (a
+    second pass over the flagged tests), where they have none."""
+    lines = {
+        str(row.get("name")): row["vram_peak_lines"] for row in extra if "vram_peak_lines" in row
+    }
+    for row in rows:
+        found = lines.get(str(row.get("name")))
+        if found is not None and "vram_peak_lines" not in row:
+            row["vram_peak_lines"] = found
+
+
+_FLAGGING = frozenset({"oom", "over-budget", "leak", "regression"})
+# A node id pytest can be given as it is: a relative path, then ::names; no option, no
+# argument file, no way out of the checkout.
+_PLAIN_NODEID = re.compile(r"^(?![-@/\\])(?!.*(?:^|/)\.\.(?:/|::))[^\s\x00-\x1f]+::[^\x00-\x1f]+$")
+
+
+def flagged_tests(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The node ids of the gated tests a run flagged (a failing memory status, or lines
+    taken at their peak), in order, each once; a node id that is not plain is left out."""
+    found: dict[str, None] = {}
+    for row in rows:
+        if row.get("vram_status") == "ungated":
+            continue
+        if row.get("vram_status") in _FLAGGING or isinstance(row.get("vram_peak_lines"), list):
+            name = str(row.get("name"))
+            if _PLAIN_NODEID.match(name):
+                found[name] = None
+    return list(found)
+
+
 def explain(
     base: Mapping[str, Any] | None, head: Mapping[str, Any] | None, shown: int = SHOWN
 ) -> PeakExplanation:
@@ -116,10 +158,7 @@ def explain(
             if size > modules_before.get(name, 0)
         ]
         result.modules = sorted(grown, key=lambda item: (-item[1], item[0]))[:shown]
-    lines_before, lines_after = (
-        _lines(base.get("vram_peak_lines")),
-        _lines(head.get("vram_peak_lines")),
-    )
+    lines_before, lines_after = _lines(_row_lines(base)), _lines(_row_lines(head))
     if lines_after is not None and lines_before is not None:
         result.lines = _grown_lines(lines_before, lines_after)[:shown]
     elif lines_after:
@@ -212,6 +251,39 @@ def _grown_lines(
         if size > then:
             grown.append(LineChange(location, key[1], key[2], size - then, size))
     return sorted(grown, key=lambda line: (-line.delta, line.location))
+
+
+_JUNIT_LINE = re.compile(r"^(\d+) (\S+) (.+?):(\d+)(?: (.*))?$")
+
+
+def read_peak_line(text: str) -> dict[str, Any] | None:
+    """A JUnit ``vram_peak_line_N`` value (``BYTES CATEGORY FILE:LINE TEXT``) as the JSON
+    report's entry; None for text of another shape."""
+    match = _JUNIT_LINE.match(str(text))
+    if match is None:
+        return None
+    size, category, filename, line, source = match.groups()
+    return {
+        "file": filename,
+        "line": int(line),
+        "text": source or "",
+        "bytes": int(size),
+        "category": category,
+    }
+
+
+def _row_lines(row: Mapping[str, Any]) -> object:
+    """A row's peak lines: a JSON report's list, or a JUnit file's numbered properties."""
+    if "vram_peak_lines" in row:
+        return row["vram_peak_lines"]
+    numbered = []
+    index = 1
+    while f"vram_peak_line_{index}" in row:
+        entry = read_peak_line(row[f"vram_peak_line_{index}"])
+        if entry is not None:
+            numbered.append(entry)
+        index += 1
+    return numbered if index > 1 else None
 
 
 def _categories(value: object) -> dict[str, int] | None:
