@@ -58,6 +58,7 @@ _ENTRIES: tuple[tuple[Any, str, str], ...] = (
         "_create_method_from_trace_with_dict",
         "traces a module with torch.jit.trace",
     ),
+    (_C, "_create_graph_by_tracing", "traces a module into a TorchScript graph"),
     (_C, "_jit_trace_graph", "traces a function into a TorchScript graph"),
     (_C, "_jit_trace_module", "traces a module into a TorchScript graph"),
     (_C, "_freeze_module", "freezes a TorchScript module (torch.jit.freeze)"),
