@@ -151,3 +151,24 @@ def test_a_junit_line_reads_back() -> None:
         "category": "activations",
     }
     assert read_peak_line("a line of another shape") is None
+
+
+def test_the_html_report_lists_the_lines() -> None:
+    from pytest_vram.record.record import TestRecord
+    from pytest_vram.report.document import build_document
+    from pytest_vram.report.html import render_html
+
+    record = TestRecord(nodeid="t.py::test_a", backend="sim", device="sim", status="regression")
+    record.peak_lines = [
+        {
+            "file": "m.py",
+            "line": 3,
+            "text": "x = a <b> & c",
+            "bytes": 1 << 20,
+            "category": "activations",
+        }
+    ]
+    page = render_html(build_document([record], {}))
+    assert "<h2>Lines alive at the peak</h2>" in page
+    assert '<td class="test">m.py:3</td><td class="test">x = a &lt;b&gt; &amp; c</td>' in page
+    assert "<td>activations</td>" in page

@@ -103,6 +103,7 @@ def render_html(document: Mapping[str, Any]) -> str:
         _peak_section(tests),
         _leak_section(tests),
         _breakdown_section(tests),
+        _lines_section(tests),
         _table_section(tests),
         "</body>\n</html>\n",
     ]
@@ -370,6 +371,36 @@ def _breakdown_figure(nodeid: str, breakdown: Mapping[str, Any]) -> str:
         f'<svg viewBox="0 0 600 22" width="600" height="22" role="img">{"".join(bar)}</svg>'
         + table
         + "</figure>"
+    )
+
+
+def _lines_section(tests: list[Mapping[str, Any]]) -> str:
+    """The lines of the user's code alive at the peak of each test that has them."""
+    figures = []
+    for test in tests:
+        lines = test.get("peak_lines")
+        if not isinstance(lines, list) or not lines:
+            continue
+        rows = "".join(
+            f'<tr><td class="test">{_e(line.get("file"))}:{_e(line.get("line"))}</td>'
+            f'<td class="test">{_e(line.get("text") or "")}</td>'
+            f'<td class="num">{_e(size_text(line.get("bytes"), _MISSING))}</td>'
+            f"<td>{_e(category_label(str(line.get('category') or '')))}</td></tr>"
+            for line in lines
+            if isinstance(line, Mapping)
+        )
+        figures.append(
+            f"<figure><h3>{_e(test.get('nodeid') or '')}</h3><table><thead><tr><th>Line</th>"
+            '<th>Source</th><th class="num">At the peak</th><th>Category</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table></figure>"
+        )
+    if not figures:
+        return ""
+    return (
+        "<h2>Lines alive at the peak</h2>\n"
+        '<p class="note">For each test that failed or regressed: the lines of your code that '
+        "allocated what was alive at its peak, largest first (taken on a rerun of the test)."
+        "</p>\n" + '<div class="charts">' + "".join(figures) + "</div>\n"
     )
 
 
