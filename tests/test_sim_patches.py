@@ -83,7 +83,7 @@ def test_a_failing_install_leaves_torch_as_it_was() -> None:
     def refuse() -> None:
         raise RuntimeError("refused")
 
-    backend.cuda._force_eager = refuse  # type: ignore[method-assign]
+    backend.cuda._inductor.start = refuse  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="refused"):
         backend.cuda.install()
     assert torch.cuda.is_available is is_available

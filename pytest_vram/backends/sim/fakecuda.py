@@ -23,6 +23,8 @@ a CPU-only build of PyTorch:
   tensors, where it would crash the process (:mod:`~pytest_vram.backends.sim.torchscript`);
 - ``torch.cuda.memory._record_memory_history`` and ``_snapshot`` record and answer from the
   simulated allocator (:mod:`~pytest_vram.backends.sim.memhistory`).
+- ``torch.compile`` compiles, and Inductor's graphs run op by op, counted as eager code is
+  (:mod:`~pytest_vram.backends.sim.compiled`).
 
 Everything is patched in :meth:`VirtualCuda.install` and put back, object for object, in
 :meth:`VirtualCuda.uninstall` (a :class:`~pytest_vram.backends.sim.patches.PatchSet`).
@@ -30,7 +32,6 @@ Everything is patched in :meth:`VirtualCuda.install` and put back, object for ob
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ from pytest_vram.backends.sim.autocast import (
     real_get_autocast_dtype,
     real_is_autocast_enabled,
 )
+from pytest_vram.backends.sim.compiled import InductorRunsEagerly
 from pytest_vram.backends.sim.hostscalars import HOST_FACTORIES, HostScalars
 from pytest_vram.backends.sim.memhistory import MemoryHistory
 from pytest_vram.backends.sim.moduleapply import module_apply
@@ -88,14 +90,6 @@ def _grad_scaler_step(
 ) -> Any:
     # Fake gradients have no values to be inf or NaN: always take the step.
     return optimizer.step(*args, **kwargs)
-
-
-def _graph_run_eagerly(self: Any, model: Any, inputs: Any, **kwargs: Any) -> Any:
-    # Inductor's kernels allocate behind the dispatcher, unseen, so that a test's figures
-    # would depend on whether it compiled; the graph Dynamo captured runs op by op instead
-    # (as the "eager" backend runs it), counted as eager code is. Graphs, breaks and guards
-    # are Dynamo's, the same.
-    return model.forward
 
 
 def _pin_nothing(data: Any, device: Any = None) -> Any:
@@ -152,8 +146,8 @@ class VirtualCuda:
         self._made_below: list[tuple[object, str, object]] | None = None
         self._patches = PatchSet()
         self._default_device: Any = None
-        self._stance: Any = _MISSING
-        self._computing = False
+        #: torch.compile's Inductor hands back the graph to run op by op while a test runs.
+        self._inductor = InductorRunsEagerly(self._patches)
         self._finder: PatchOnImport | None = None
         #: ``torch.cuda.memory``'s allocator history, recorded while a test asks for it.
         self._history = MemoryHistory(device)  # type: ignore[arg-type]
@@ -171,8 +165,7 @@ class VirtualCuda:
             # Tensor only inherits it, from a class of C that cannot be patched.
             self._patches.shadow(torch.Tensor, "record_stream", record_stream)
             self._host_scalars.start()
-            self._computing = computing
-            self._force_eager()
+            self._inductor.start()
             if not computing:
                 self._answer_not_tracing()
             if below:
@@ -228,40 +221,6 @@ class VirtualCuda:
         finder.install()
         self._finder = finder
 
-    def _force_eager(self) -> None:
-        """Shape-only, run ``torch.compile``'d code eagerly while the test runs.
-
-        Compiled for fake tensors, Inductor's kernels would write through fake data pointers
-        (a segmentation fault). Dynamo is not imported for it: a test that compiles imports
-        it, through torch.compile, which calls this again. Computing, Dynamo compiles and
-        Inductor's graphs run eagerly instead (:func:`_graph_run_eagerly`).
-        """
-        if self._stance is not _MISSING or self._computing:
-            return
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        stance = getattr(eval_frame, "DynamoStance", None)
-        if stance is None:
-            return
-        # Not inside a compiled region, where the stance cannot change.
-        with contextlib.suppress(RuntimeError, TypeError, AttributeError):
-            self._stance = eval_frame._set_stance(stance(stance="force_eager"))
-
-    def _restore_stance(self) -> None:
-        stance, self._stance = self._stance, _MISSING
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        if stance is not _MISSING and eval_frame is not None:
-            with contextlib.suppress(RuntimeError, AttributeError):
-                eval_frame._set_stance(stance)
-
-    def _compile(self, original: Callable) -> Callable:
-        @functools.wraps(original)
-        def compile(*args: Any, **kwargs: Any) -> Any:
-            compiled = original(*args, **kwargs)
-            self._force_eager()
-            return compiled
-
-        return compile
-
     def uninstall(self) -> None:
         if not self.installed:
             return
@@ -274,7 +233,6 @@ class VirtualCuda:
                 self._mode.__exit__(None, None, None)
         finally:
             self._restore()
-            self._restore_stance()
             # A test that made "cuda" the default device would leave it to every later test,
             # which on a machine without CUDA cannot make a tensor any more.
             context = _default_device_context()
@@ -297,6 +255,7 @@ class VirtualCuda:
         if finder is not None:
             finder.remove()
         self._host_scalars.stop()
+        self._inductor.stop()
         self._history.stop()  # a recording lasts no longer than its test
         if self._remapping_below:
             self._remapping_below = False
@@ -306,10 +265,6 @@ class VirtualCuda:
     def _replacements(self, computing: bool) -> Iterator[tuple[object, str, object]]:
         yield from cuda_replacements(self._device)
         yield from self._history.replacements()
-        yield torch, "compile", self._compile(torch.compile)
-        inductor = getattr(torch, "_TorchCompileInductorWrapper", None)
-        if computing and inductor is not None:
-            yield inductor, "__call__", _graph_run_eagerly
         if not computing:
             yield nn.Module, "_apply", module_apply
             # trunc_normal_ redraws on values; shape-only, as often as a real run most likely
