@@ -39,6 +39,8 @@ _CONFIG = _PACKAGE + ".config"
 # Where torch._disable_dynamo keeps a function's disabled version (no name mangling: it is set
 # in a module-level function).
 _DISABLED = "__dynamo_disable"
+#: The functions given a stand-in (defer_disabled_functions), each with it.
+_STOOD_IN: list[tuple[Any, Any]] = []
 
 
 class _NotYetImported(types.ModuleType):
@@ -61,6 +63,9 @@ class _PackageLoader(importlib.machinery.SourceFileLoader):
         if sys.modules.get(_CONFIG) is self.config:
             module.config = self.config  # type: ignore[attr-defined]
         super().exec_module(module)
+        # Dynamo would trace a stand-in as user code (a compiled frame meets torch's wrapper):
+        # from now on each wrapper asks Dynamo itself.
+        _drop_stand_ins()
         # Loaded: later imports find it in sys.modules and need the finder no more.
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self.finder)
@@ -135,9 +140,20 @@ def defer_disabled_functions() -> int:
             fn = inner.__closure__[0].cell_contents  # type: ignore[index]
             if getattr(fn, _DISABLED, None) is None:
                 with contextlib.suppress(AttributeError, TypeError):
-                    setattr(fn, _DISABLED, _until_dynamo(fn, inner))
+                    stand_in = _until_dynamo(fn, inner)
+                    setattr(fn, _DISABLED, stand_in)
+                    _STOOD_IN.append((fn, stand_in))
                     deferred += 1
     return deferred
+
+
+def _drop_stand_ins() -> None:
+    """Take each stand-in off its function again, where it still is there."""
+    while _STOOD_IN:
+        fn, stand_in = _STOOD_IN.pop()
+        if getattr(fn, _DISABLED, None) is stand_in:
+            with contextlib.suppress(AttributeError):
+                delattr(fn, _DISABLED)
 
 
 def _nothing() -> None:
