@@ -35,23 +35,33 @@ def _dispatch_modes() -> list[Any]:
     return _get_current_dispatch_mode_stack()
 
 
-@pytest.fixture(params=["op counter", "dispatch mode"])
-def computing(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
-    """A computing test on the simulated device, counted by the op counter or, as while
-    attribution listens, by the tracker's dispatch mode."""
+def _running(how: str) -> Iterator[SimBackend]:
     backend = SimBackend()
-    backend.use_values(True)
+    backend.use_values(how != "shape-only")
     listener = _Listener()
-    if request.param == "dispatch mode":
+    if how == "dispatch mode":
         backend.tracker.add_listener(listener)
     backend.begin_test()
     try:
-        if request.param == "dispatch mode":
+        if how == "dispatch mode":
             assert backend.tracker.mode in _dispatch_modes()
         yield backend
     finally:
         backend.end_test()
         backend.tracker.remove_listener(listener)
+
+
+@pytest.fixture(params=["op counter", "dispatch mode"])
+def computing(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
+    """A computing test on the simulated device, counted by the op counter or, as while
+    attribution listens, by the tracker's dispatch mode."""
+    yield from _running(request.param)
+
+
+@pytest.fixture(params=["shape-only", "op counter", "dispatch mode"])
+def simulated(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
+    """A test on the simulated device, shape-only or computing (as :func:`computing`)."""
+    yield from _running(request.param)
 
 
 class _Twice(nn.Module):
@@ -121,38 +131,72 @@ def test_dynamo_compiles_under_the_counting_mode() -> None:
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
-def test_a_function_compiled_while_computing_is_one_graph_and_counted(
-    computing: SimBackend,
-) -> None:
+def test_a_function_compiled_in_a_test_is_one_graph_and_counted(simulated: SimBackend) -> None:
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
     counter = CompileCounter()
     compiled = torch.compile(_sine, backend=counter)
     x = torch.ones(1024, device="cuda")
-    computing.reset_peak()
-    start = computing.allocated()
+    simulated.reset_peak()
+    start = simulated.allocated()
     out = compiled(x)
     assert counter.frame_count == 1
     # Its ops run through the dispatcher, seen as eager code is: two tensors at once beside x.
-    assert computing.peak_allocated() - start == 2 * 4096
-    assert torch.allclose(out, _sine(x))
+    assert simulated.peak_allocated() - start == 2 * 4096
+    if simulated.computing:
+        assert torch.allclose(out, _sine(x))
     explained = torch._dynamo.explain(_sine)(x)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
-def test_inductor_runs_the_graph_eagerly_while_computing(computing: SimBackend) -> None:
+def test_inductor_runs_the_graph_op_by_op(simulated: SimBackend) -> None:
     torch._dynamo.reset()
     compiled = torch.compile(_sine)  # the default backend, Inductor
     x = torch.ones(1024, device="cuda")
-    computing.reset_peak()
-    start = computing.allocated()
+    simulated.reset_peak()
+    start = simulated.allocated()
     out = compiled(x)
-    assert computing.peak_allocated() - start == 2 * 4096
-    assert torch.allclose(out, _sine(x))
+    assert simulated.peak_allocated() - start == 2 * 4096
+    if simulated.computing:
+        assert torch.allclose(out, _sine(x))
 
 
 # Each cause in a test of its own, as a suite has them: every test passes under plain pytest.
+# The compiled ones read no values, so that they run shape-only in a file of their own.
+COMPILED = """
+import pytest
+import torch
+from torch import nn
+
+OPT_IN = {opt_in}
+
+
+def measured(test):
+    return pytest.mark.max_vram("1GB")(test) if OPT_IN else test
+
+
+def sine(x):
+    return (x.sin() * 2).exp()
+
+
+@measured
+def test_compiled_function():
+    explained = torch._dynamo.explain(sine)(torch.ones(8))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+@measured
+def test_compiled_module():
+    from torch._dynamo.testing import CompileCounter
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    counter = CompileCounter()
+    torch.compile(model, backend=counter)(torch.ones(4, 8))
+    explained = torch._dynamo.explain(model)(torch.ones(4, 8))
+    assert (counter.frame_count, explained.graph_count, explained.graph_break_count) == (1, 1, 0)
+"""
+
 SUITE = """
 import pytest
 import torch
@@ -191,27 +235,6 @@ def test_lazy_module():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = nn.LazyLinear(4).to(device)
     assert model(torch.ones(2, 3, device=device)).shape == (2, 4)
-
-
-def sine(x):
-    return (x.sin() * 2).exp()
-
-
-@measured
-def test_compiled_function():
-    explained = torch._dynamo.explain(sine)(torch.ones(8))
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
-
-
-@measured
-def test_compiled_module():
-    from torch._dynamo.testing import CompileCounter
-
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    counter = CompileCounter()
-    torch.compile(model, backend=counter)(torch.ones(4, 8))
-    explained = torch._dynamo.explain(model)(torch.ones(4, 8))
-    assert (counter.frame_count, explained.graph_count, explained.graph_break_count) == (1, 1, 0)
 """
 
 
@@ -234,7 +257,13 @@ def _outcomes(pytester: pytest.Pytester, *options: str) -> dict[str, str]:
 def test_each_cause_keeps_its_outcome_on_the_simulated_device(
     pytester: pytest.Pytester, opt_in: bool, options: tuple[str, ...]
 ) -> None:
-    pytester.makepyfile(test_causes=SUITE.format(opt_in=opt_in))
+    pytester.makepyfile(
+        test_causes=SUITE.format(opt_in=opt_in), test_compiled=COMPILED.format(opt_in=opt_in)
+    )
     plain = _outcomes(pytester, "-p", "no:vram")
     assert set(plain.values()) == {"passed"} and len(plain) == 5
     assert _outcomes(pytester, "--vram-backend=sim", *options) == plain
+    # Shape-only, with no rerun that computes: Dynamo compiles on fake tensors too.
+    compiled = _outcomes(pytester, "test_compiled.py", "--vram-backend=sim",
+                         "--vram-sim-compute=never", *options)  # fmt: skip
+    assert compiled == {"test_compiled_function": "passed", "test_compiled_module": "passed"}
