@@ -396,6 +396,7 @@ def test_user_workflows_exist() -> None:
     assert {path.name for path in USER_FILES} == {
         "vram-cpu.yml",
         "vram-gpu.yml",
+        "vram-history.yml",
         "vram-pr.yml",
         "vram-pr-comment.yml",
         "vram-update-baselines.yml",
@@ -412,23 +413,35 @@ def test_user_workflow_installs_torch_then_pytest_vram(path: Path) -> None:
     workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
     spec = workflow["env"]["PYTEST_VRAM"]
     assert re.match(r"pytest-vram\b", spec), spec
-    runs = _runs(workflow)
-    torch = next(i for i, run in enumerate(runs) if run.startswith("pip install torch=="))
-    (plugin,) = (i for i, run in enumerate(runs) if run == 'pip install "$PYTEST_VRAM"')
-    tests = next(i for i, run in enumerate(runs) if "pytest " in run and "pip" not in run)
-    # torch first, or pip resolves torch from PyPI: on Linux a CUDA build of several GB.
-    assert torch < plugin < tests
-    # In a user's repository `-e .[test]` installs the user's package, not pytest-vram.
-    assert not any(".[test]" in run for run in runs)
+    for job in workflow["jobs"].values():
+        runs = _job_runs(job)
+        if not any("pytest " in run and "pip" not in run for run in runs):
+            continue  # a job that runs no test (history's publishing job)
+        torch = next(i for i, run in enumerate(runs) if run.startswith("pip install torch=="))
+        (plugin,) = (i for i, run in enumerate(runs) if run == 'pip install "$PYTEST_VRAM"')
+        tests = next(i for i, run in enumerate(runs) if "pytest " in run and "pip" not in run)
+        # torch first, or pip resolves torch from PyPI: on Linux a CUDA build of several GB.
+        assert torch < plugin < tests
+        # In a user's repository `-e .[test]` installs the user's package, not pytest-vram.
+        assert not any(".[test]" in run for run in runs)
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
 def test_user_workflow_options_exist(path: Path, pytestconfig: pytest.Config) -> None:
-    (command,) = _pytest_commands(yaml.safe_load(path.read_text(encoding="utf-8")))
+    commands = _pytest_commands(yaml.safe_load(path.read_text(encoding="utf-8")))
+    # vram-pr.yml's second pass on the base runs the tests the head flagged, from a file.
+    assert len(commands) == (2 if path.name == "vram-pr.yml" else 1)
+    for command in commands:
+        _check_options(path, command, pytestconfig)
+
+
+def _check_options(path: Path, command: list[str], pytestconfig: pytest.Config) -> None:
     takes_value = False
     for word in command[1:]:
         if takes_value:
             takes_value = False
+            continue
+        if word == "@reports/flagged.txt":
             continue
         assert word.startswith("-"), f"{path.name} names test paths; testpaths should: {word}"
         option, equals, _ = word.partition("=")
@@ -493,13 +506,28 @@ def test_user_pull_request_workflow_measures_base_and_head() -> None:
     workflow = _user("vram-pr.yml")
     # Not pull_request_target: a fork's code runs with a read-only token and no secrets.
     assert set(_triggers(workflow)) == {"pull_request"}
-    (job,) = workflow["jobs"].values()
-    assert job["permissions"] == {"contents": "read"}
+    job, lines = workflow["jobs"]["measure"], workflow["jobs"]["base-lines"]
+    assert job["permissions"] == lines["permissions"] == {"contents": "read"}
     assert job["strategy"]["matrix"]["side"] == ["base", "head"]
     checkout = job["steps"][0]
     assert "github.event.pull_request.base.sha" in checkout["with"]["ref"]
-    (command,) = _pytest_commands(workflow)
+    command, second = _pytest_commands(workflow)
     assert command[command.index("--vram-json") + 1] == "reports/$SIDE.json"
+    assert "--vram-breakdown" in command
+    # The second pass: the base, the tests the head flagged, their lines recorded.
+    assert lines["needs"] == "measure"
+    assert lines["steps"][0]["with"]["ref"] == "${{ github.event.pull_request.base.sha }}"
+    assert second == [
+        "pytest",
+        "--vram-peak-lines=all",
+        "--vram-json",
+        "reports/base-lines.json",
+        "@reports/flagged.txt",
+    ]
+    (listed,) = [s for s in lines["steps"] if "pytest-vram flagged" in s.get("run", "")]
+    assert "pytest-vram flagged reports/head.json > reports/flagged.txt" in listed["run"]
+    (kept,) = [s for s in lines["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert kept["with"]["name"] == "vram-pr-base-lines"
     tests = next(s for s in job["steps"] if "--vram-json" in s.get("run", ""))
     assert tests["env"]["SIDE"] == "${{ matrix.side }}"
     (upload,) = [s for s in job["steps"] if "upload-artifact" in s.get("uses", "")]
@@ -530,7 +558,11 @@ def test_user_comment_workflow_runs_none_of_the_pull_requests_code() -> None:
     assert download["with"]["merge-multiple"] is True
     sides = [f"reports/{side}.json" for side in ("base", "head")]
     (post,) = [s for s in job["steps"] if "pytest-vram compare" in s.get("run", "")]
-    assert f"pytest-vram compare {sides[0]} {sides[1]} --markdown > comment.md" in post["run"]
+    command = " ".join(post["run"].replace("\\\n", " ").split())
+    assert f'pytest-vram compare {sides[0]} {sides[1]} "${{lines[@]}}" --markdown > comment.md' in (
+        command
+    )
+    assert "lines=(--base-lines reports/base-lines.json)" in command
     # What a fork controls (its branch name) reaches the script only through the environment,
     # never spliced into the script's text.
     assert "${{" not in post["run"]
@@ -540,6 +572,27 @@ def test_user_comment_workflow_runs_none_of_the_pull_requests_code() -> None:
     assert f'startswith("{MARKER}")' in post["run"]
     for verb in ("PATCH", "POST", "DELETE"):
         assert f"gh api -X {verb}" in post["run"]
+
+
+def test_user_history_workflow() -> None:
+    workflow = _user("vram-history.yml")
+    assert _triggers(workflow) == {"push": {"branches": ["main"]}}
+    measure, publish = workflow["jobs"]["measure"], workflow["jobs"]["publish"]
+    assert measure["permissions"] == {"contents": "read"}
+    assert publish["permissions"] == {"contents": "write"}
+    assert publish["needs"] == "measure"
+    (command,) = _pytest_commands(workflow)
+    assert command[command.index("--vram-json") + 1] == "reports/$GITHUB_SHA.json"
+    # The documents live on a branch, one gzipped file per commit, the page beside them.
+    assert publish["steps"][0]["with"]["ref"] == "vram-history"
+    runs = _job_runs(publish)
+    assert any(
+        "pytest-vram history documents --html index.html --markdown steps.md" in run for run in runs
+    )
+    assert any('cat steps.md >> "$GITHUB_STEP_SUMMARY"' in run for run in runs)
+    assert any("push origin HEAD:vram-history" in run for run in runs)
+    assert not any("torch" in run for run in runs)
+    assert workflow["concurrency"]["cancel-in-progress"] is False
 
 
 def _check_reports(workflow: dict[str, Any], junit: str) -> None:

@@ -126,4 +126,6 @@ def _row(record: TestRecord) -> dict[str, Any]:
         row["vram_modules"] = {
             str(m.get("name")): m.get("bytes") for m in modules if isinstance(m, dict)
         }
+    if record.peak_lines is not None:
+        row["vram_peak_lines"] = record.peak_lines
     return row
