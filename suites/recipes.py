@@ -15,13 +15,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from gpt import GPT, GPTConfig, KVCache, default_dtype
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+# A 4.5B model of the same family (36 layers of hidden 3072, 24 heads, 8 KV heads), the size
+# the articles say one A100 MIG slice runs: 4,558,568,448 parameters.
+CONFIG_4_5B = GPTConfig(
+    vocab_size=152064,
+    hidden_size=3072,
+    num_layers=36,
+    num_heads=24,
+    num_kv_heads=8,
+    ffn_size=8192,
+    max_seq_len=32768,
+    qkv_bias=True,
+    rope_theta=1000000.0,
+)
 
 # The context a served request holds: a 2048-token prompt and up to 2048 generated tokens.
 PROMPT, CONTEXT = 2048, 4096
@@ -196,3 +210,18 @@ def serving_step(model: GPT, config: GPTConfig, batch: int, device: torch.device
 def shard_config(config: GPTConfig, ranks: int) -> GPTConfig:
     """The shape one of ``ranks`` tensor-parallel ranks holds of heads and feed-forward."""
     return dataclasses.replace(config, num_kv_heads=config.num_kv_heads // ranks)
+
+
+def serve_4_5b(layout) -> Callable[[int], None]:  # type: ignore[no-untyped-def]
+    """``pytest-vram fit --build recipes:serve_4_5b``: the 4.5B model served in bf16."""
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = GPT(CONFIG_4_5B).eval()
+    return lambda batch: serving_step(model, CONFIG_4_5B, batch, "cuda")
+
+
+def serve_32b(layout) -> Callable[[int], None]:  # type: ignore[no-untyped-def]
+    """``pytest-vram fit --build recipes:serve_32b``: the 32B model served in bf16."""
+    config = GPTConfig.qwen2_5_32b()
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = GPT(config).eval()
+    return lambda batch: serving_step(model, config, batch, "cuda")

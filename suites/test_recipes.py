@@ -14,10 +14,16 @@ asserted within a stated range. Most of them run for seconds each: they are mark
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from gpt import GPT, GPTConfig, KVCache, default_dtype, training_step
 from recipes import (
+    CONFIG_4_5B,
     CONTEXT,
     HostAdamW,
     checkpoint_feed_forward,
@@ -31,20 +37,6 @@ pytestmark = pytest.mark.vram_backend("sim")
 CONFIG = GPTConfig.qwen2_5_32b()
 PARAMS = 32_763_876_352
 SEQ = 512
-
-# A 4.5B model of the same family (36 layers of hidden 3072, 24 heads, 8 KV heads), the size
-# the articles say one A100 MIG slice runs: 4,558,568,448 parameters.
-CONFIG_4_5B = GPTConfig(
-    vocab_size=152064,
-    hidden_size=3072,
-    num_layers=36,
-    num_heads=24,
-    num_kv_heads=8,
-    ffn_size=8192,
-    max_seq_len=32768,
-    qkv_bias=True,
-    rope_theta=1000000.0,
-)
 
 
 def bf16_model(config: GPTConfig = CONFIG) -> GPT:
@@ -204,3 +196,19 @@ def test_a_128gb_device_serves_the_32b_model_in_bf16(vram, capacity):
     served = largest_batch_served(vram, model, CONFIG, capacity)
     # 65.5 GB of bf16 weights: half of 128 GB, and more than one 64 GB die of an MI250X.
     assert served == 0 if capacity == "64GB" else 20 <= served <= 64
+
+
+@pytest.mark.slow
+def test_pytest_vram_fit_answers_what_max_size_answers_for_a_20gb_slice(vram):
+    model = bf16_model(CONFIG_4_5B).eval()
+    served = largest_batch_served(vram, model, CONFIG_4_5B, "20GB")
+    del model
+    # The same step through the command a user runs before any test exists.
+    command = [sys.executable, "-m", "pytest_vram", "fit", "--build", "recipes:serve_4_5b"]
+    command += ["--capacity", "20GB", "--max-batch", "64", "--json"]
+    run = subprocess.run(
+        command, cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
+    (layout,) = json.loads(run.stdout)["layouts"]
+    (answer,) = layout["fits"]
+    assert answer["max_batch"] == served
