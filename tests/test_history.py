@@ -291,3 +291,42 @@ def test_the_fast_reader_agrees_with_json() -> None:
     assert scan_document(json.dumps(document)) is None
     moved = {"run": document["run"], **{k: v for k, v in document.items() if k != "run"}}
     assert scan_document(json.dumps(moved, indent=2)) is None
+
+
+def _script() -> Any:
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(
+        "screenshot_history", root / "scripts" / "screenshot_history.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_synthetic_history_of_the_docs(tmp_path: Path) -> None:
+    script = _script()
+    names = script.write_history(tmp_path / "documents")
+    history = read_history(tmp_path / "documents")
+    assert [c.name for c in history.commits] == names
+    # The training step's two steps up and the forward's one are marked; its step back
+    # down, the wobble and the test added halfway are not.
+    assert sorted((s.test.split("::")[1], s.commit) for s in history.steps) == [
+        ("test_forward[bf16]", 22),
+        ("test_training_step_fits_its_budget", 14),
+        ("test_training_step_fits_its_budget", 31),
+    ]
+    page = render_history_html(history)
+    assert page.count('stroke-dasharray="3 3"') == 3
+
+
+def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
+    script = _script()
+    if script._screenshot_module().find_chromium() is None:
+        pytest.skip("chromium is not installed")
+    png = tmp_path / "history.png"
+    assert script.main(["--output", str(png), "--html", str(tmp_path / "history.html")]) == 0
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000

@@ -131,11 +131,8 @@ def _figure(history: History, name: str, steps: list[Step]) -> str:
 
 def _chart(history: History, name: str, values: list[int | None], steps: list[Step]) -> str:
     width, height = 520, 220
-    present = [v for v in values if v is not None]
-    lo, hi = min(present), max(present)
-    if lo == hi:
-        pad = max(512, lo // 50)
-        lo, hi = max(0, lo - pad), hi + pad
+    # From zero: a step reads against the whole peak, and commit-to-commit noise stays flat.
+    lo, hi = 0, max(v for v in values if v is not None) or 1024
     ticks, offset = size_ticks(lo, hi)
     lo, hi = ticks[0][0], ticks[-1][0]
     count = len(values)
@@ -154,11 +151,16 @@ def _chart(history: History, name: str, values: list[int | None], steps: list[St
             f'<line x1="{left}" y1="{py:.1f}" x2="{right}" y2="{py:.1f}" stroke="#eaeef2"/>'
             f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end">{_e(label)}</text>'
         )
-    for index in _commit_ticks(count):
+    labelled = _commit_ticks(count)
+    for index in labelled:
         px = x(index)
+        # The first and last labels stay inside the chart.
+        anchor = "start" if index == 0 and count > 1 else "middle"
+        if index == count - 1 and count > 1:
+            anchor = "end"
         svg.append(
             f'<line x1="{px:.1f}" y1="{bottom}" x2="{px:.1f}" y2="{bottom + 4}" stroke="#8c959f"/>'
-            f'<text x="{px:.1f}" y="{bottom + 16}" text-anchor="middle">'
+            f'<text x="{px:.1f}" y="{bottom + 16}" text-anchor="{anchor}">'
             f"{_e(history.commits[index].short[:7])}</text>"
         )
     svg.append(
