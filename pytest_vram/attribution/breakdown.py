@@ -89,6 +89,10 @@ def describe_breakdown(breakdown: Mapping[str, Any]) -> str:
     return text
 
 
+# torch._dynamo's OptimizedModule, by name: the hooks import no Dynamo.
+_COMPILED_WRAPPER = "OptimizedModule"
+
+
 def _never() -> bool:
     return False
 
@@ -141,17 +145,22 @@ class _GlobalHooks:
         self._handles = []
 
     # Inside a graph torch.compile traces, the hooks do nothing: traced, they would end up in
-    # the graph or break it, and the compiled code runs without them.
+    # the graph or break it, and the compiled code runs without them. The wrapper that
+    # torch.compile(module) makes stands for its module, whose own call runs compiled.
 
     def _pre_forward(self, module: Any, args: Any) -> None:
         if self._compiling():
             return
+        if type(module).__name__ == _COMPILED_WRAPPER:
+            module = module._orig_mod
         for breakdown in self.breakdowns:
             breakdown._pre_forward(module, args)
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
             return
+        if type(module).__name__ == _COMPILED_WRAPPER:
+            module = module._orig_mod
         for breakdown in self.breakdowns:
             breakdown._post_forward(module, args, output)
 
