@@ -185,6 +185,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         SELECTION_NAME,
         RANKS_NAME,
         CUDA_GUARD_NAME,
+        PEAK_LINES_NAME,
     ):
         plugin = config.pluginmanager.get_plugin(name)
         if plugin is not None:
