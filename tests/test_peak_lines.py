@@ -172,3 +172,11 @@ def test_the_html_report_lists_the_lines() -> None:
     assert "<h2>Lines alive at the peak</h2>" in page
     assert '<td class="test">m.py:3</td><td class="test">x = a &lt;b&gt; &amp; c</td>' in page
     assert "<td>activations</td>" in page
+
+
+@pytest.mark.slow
+def test_lines_ride_with_a_pytest_xdist_workers_record(pytester: pytest.Pytester) -> None:
+    result, tests = _run(pytester, "sim", "-n", "2")
+    result.assert_outcomes(passed=2, failed=1)
+    assert tests["test_over"]["peak_lines"][0]["line"] == 11
+    assert "peak_lines" not in tests["test_within"]
