@@ -2,10 +2,10 @@
 
 The repository's GPT at the Qwen2.5-32B shape (32,763,876,352 parameters), as rank 0 of each
 layout sees it (``vram_world_size``: a fake process group on the simulated device). Each test
-measures a step of one sequence or request (``single_step_peak`` in the baseline) and the largest batch
-that fits the card's memory (``max_size``), and compares both with the analytical estimator.
-``docs/recipes.md`` has the table, beside the articles' own estimates. Each takes tens of
-seconds: they are marked ``slow`` (``pytest suites --run-slow``).
+measures a step of one sequence or request (``single_step_peak`` in the baseline) and the
+largest batch that fits the card's memory (``max_size``), and compares both with the
+analytical estimator. ``docs/recipes.md`` has the table, beside the articles' own estimates.
+Each takes tens of seconds: they are marked ``slow`` (``pytest suites --run-slow``).
 
 The capacities are the memory PyTorch reports for each card (``total_memory``): an A100 80GB
 has 79.15 GiB, an A100 40GB 39.39 GiB, an RTX A6000 47.54 GiB.
