@@ -60,6 +60,7 @@ def history_dir(tmp_path: Path) -> Path:
                 "t.py::test_a": 100 * MiB,
                 "t.py::test_b": 10 * MiB,
                 "t.py::test_ungated": (1, "ungated"),
+                "t.py::test_skipped": (0, "skipped"),
             },
         ),
     )

@@ -5,7 +5,8 @@ into one series per test, with the commits where a test's peak stepped up.
 Each names its commit and the commit's date in its ``run`` section (see
 :mod:`pytest_vram.report.commit`); a document without them is placed by when it was written
 and named by its file. Only gated tests count, as in ``compare``: a test reported ``ungated``
-was never compared with anything. A test's peak is its largest over the backends it ran on.
+was never compared with anything, and a ``skipped`` one measured nothing. A test's peak is its
+largest over the backends it ran on.
 :mod:`pytest_vram.report.historypage` draws the page; :func:`steps_markdown` is the table for a
 job summary.
 """
@@ -34,7 +35,8 @@ __all__ = [
     "steps_markdown",
 ]
 
-_UNGATED = "ungated"
+# Never compared (ungated) or measured nothing (skipped): no point of a test's line.
+_LEFT_OUT = frozenset({"ungated", "skipped"})
 
 
 class HistoryError(ValueError):
@@ -157,7 +159,7 @@ def _load(path: Path) -> tuple[Commit, dict[str, int]]:
     scanned = scan_document(text)
     if scanned is not None:
         run, created, found = scanned
-        peaks = {name: peak for name, (peak, status) in found.items() if status != _UNGATED}
+        peaks = {name: peak for name, (peak, status) in found.items() if status not in _LEFT_OUT}
     else:
         run, created, peaks = _parse(path, text)
     name = run.get("commit")
@@ -183,7 +185,7 @@ def _parse(path: Path, text: str) -> tuple[dict[str, Any], str, dict[str, int]]:
     peaks: dict[str, int] = {}
     tests = document.get("tests")
     for test in tests if isinstance(tests, list) else ():
-        if not isinstance(test, dict) or test.get("status") == _UNGATED:
+        if not isinstance(test, dict) or test.get("status") in _LEFT_OUT:
             continue
         peak, nodeid = test.get("peak_allocated"), test.get("nodeid")
         if type(peak) is int and type(nodeid) is str:
