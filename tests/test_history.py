@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +333,24 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert script.main(["--output", str(png), "--html", str(tmp_path / "history.html")]) == 0
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20_000
+
+
+def test_history_runs_without_torch(history_dir: Path, tmp_path: Path) -> None:
+    """The publishing job of vram-history.yml installs pytest-vram without torch."""
+    from test_compare_markdown import NO_TORCH
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    page = tmp_path / "page.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_vram", "history", str(history_dir), "--html", str(page)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "<figure>" in page.read_text(encoding="utf-8")
