@@ -4,7 +4,8 @@
 A history reads hundreds of documents of thousands of tests each; parsing each whole with
 :mod:`json` builds every figure of every test only to drop it. The plugin writes its documents
 in one layout (``json.dumps(document, indent=2)``, the run section last, each test's own fields
-six spaces in), so those three fields are found by their lines. Anything that is not that
+six spaces in), so those three fields are found by their lines, each by one regular expression
+over the whole text. Anything that is not that
 layout (another tool's rewrite, a compact dump) gets ``None``, and the caller parses the
 document whole.
 """
@@ -12,17 +13,20 @@ document whole.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["scan_document"]
 
 _START = '{\n  "pytest_vram": '
 _TESTS = '\n  "tests": ['
-_TEST = '\n    {\n      "nodeid": '
-_PEAK = '\n      "peak_allocated": '
-_STATUS = '\n      "status": '
 _CREATED = '\n  "created": '
 _RUN = '\n  "run": '
+# A test's own fields, six spaces in; what a test holds (its baseline, its ranks) is deeper.
+# One pass of each over the document: C's loop, not Python's, walks its lines.
+_NODEID = re.compile(r'\n    \{\n      "nodeid": ("[^\n]*"),\n')
+_PEAK = re.compile(r'\n      "peak_allocated": ([^\n,]*)')
+_STATUS = re.compile(r'\n      "status": ([^\n,]*)')
 
 
 def scan_document(text: str) -> tuple[dict[str, Any], str, dict[str, tuple[int, str]]] | None:
@@ -30,46 +34,36 @@ def scan_document(text: str) -> tuple[dict[str, Any], str, dict[str, tuple[int, 
     writer's. A test listed more than once (several backends) keeps its largest peak."""
     if not text.startswith(_START):
         return None
-    try:
-        run, created = _run(text), _created(text)
-    except ValueError:
-        return None
     start = text.find(_TESTS)
     if start < 0:
         return None
-    peaks: dict[str, tuple[int, str]] = {}
-    find = text.find
-    at = find(_TEST, start)
-    while at >= 0:
-        following = find(_TEST, at + len(_TEST))
-        end = following if following >= 0 else len(text)
-        name_at = at + len(_TEST)
-        name_end = find("\n", name_at)
-        peak_at = find(_PEAK, name_end, end)
-        status_at = find(_STATUS, name_end, end)
-        if peak_at < 0 or status_at < 0:
-            return None  # a test without them is no record the plugin wrote
-        try:
-            nodeid = _value(text, name_at, name_end)
-            peak = _value(text, peak_at + len(_PEAK), find("\n", peak_at + len(_PEAK)))
-            status = _value(text, status_at + len(_STATUS), find("\n", status_at + len(_STATUS)))
-        except ValueError:
+    try:
+        run, created = _run(text), _created(text)
+        names = _NODEID.findall(text, start)
+        peaks = _PEAK.findall(text, start)
+        statuses = _STATUS.findall(text, start)
+        # Each test has each field once: the n-th of each is the n-th test's.
+        if not len(names) == len(peaks) == len(statuses):
             return None
-        if type(nodeid) is str and type(peak) is int:
-            old = peaks.get(nodeid)
+        found: dict[str, tuple[int, str]] = {}
+        for name_token, peak_token, status_token in zip(names, peaks, statuses, strict=True):
+            nodeid = _string(name_token)
+            peak = int(peak_token) if peak_token.isdigit() else json.loads(peak_token)
+            if type(nodeid) is not str or type(peak) is not int:
+                continue  # no figure to draw, as the whole-document reader skips it
+            status = _string(status_token)
+            old = found.get(nodeid)
             if old is None or peak > old[0]:
-                peaks[nodeid] = (peak, status if type(status) is str else "")
-        at = following
-    return run, created, peaks
+                found[nodeid] = (peak, status if type(status) is str else "")
+    except ValueError:
+        return None
+    return run, created, found
 
 
-def _value(text: str, start: int, end: int) -> Any:
-    """The JSON value on one line, without the comma that may follow it."""
-    token = text[start:end].rstrip().removesuffix(",")
-    if token.startswith('"') and "\\" not in token:
-        return token[1:-1]  # the common case: a plain string, no escapes to decode
-    if token.isdigit():
-        return int(token)
+def _string(token: str) -> Any:
+    """A JSON value from its token; a plain string without escapes is cut out directly."""
+    if token.startswith('"') and token.endswith('"') and "\\" not in token:
+        return token[1:-1]
     return json.loads(token)
 
 
@@ -88,5 +82,6 @@ def _created(text: str) -> str:
     at = text.find(_CREATED)
     if at < 0:
         return ""
-    value = _value(text, at + len(_CREATED), text.find("\n", at + len(_CREATED)))
+    token = text[at + len(_CREATED) : text.find("\n", at + len(_CREATED))].rstrip(",")
+    value = _string(token)
     return value if isinstance(value, str) else ""
