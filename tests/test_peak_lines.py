@@ -180,3 +180,47 @@ def test_lines_ride_with_a_pytest_xdist_workers_record(pytester: pytest.Pytester
     result.assert_outcomes(passed=2, failed=1)
     assert tests["test_over"]["peak_lines"][0]["line"] == 11
     assert "peak_lines" not in tests["test_within"]
+
+
+class _Counting:
+    """What the recorder asks of a backend that has no tracker of its own (cpu's allocator
+    counter, cuda): which tensors count. Here: those on the CPU."""
+
+    tracker = None
+
+    @staticmethod
+    def attribution_filter(tensor: Any) -> bool:
+        return tensor.device.type == "cpu"
+
+
+def _allocate() -> Any:
+    import torch
+
+    kept = torch.ones(256, 1024)  # 1 MiB, alive at the peak
+    freed = torch.ones(1024, 1024)  # 4 MiB, freed before the peak
+    del freed
+    more = torch.zeros(512, 1024)  # 2 MiB, alive at the peak
+    return kept, more
+
+
+def test_the_recorder_sums_the_lines_alive_at_the_peak() -> None:
+    from pytest_vram.attribution.peaklines import PeakLineRecorder, describe_lines
+
+    recorder = PeakLineRecorder(_Counting(), root=Path(__file__).parent)  # type: ignore[arg-type]
+    assert recorder.available and recorder.start()
+    kept = _allocate()
+    lines = recorder.stop()
+    del kept
+    # The peak was the 4 MiB tensor with the 1 MiB one: 5 MiB against 3 MiB later.
+    assert [(entry["text"], entry["bytes"]) for entry in lines] == [
+        # Each line's text with its runs of spaces made one.
+        ("freed = torch.ones(1024, 1024) # 4 MiB, freed before the peak", 4 << 20),
+        ("kept = torch.ones(256, 1024) # 1 MiB, alive at the peak", 1 << 20),
+    ]
+    assert {entry["file"] for entry in lines} == {"test_peak_lines.py"}
+    assert {entry["category"] for entry in lines} == {"temporaries"}
+    assert describe_lines(lines[1:]) == (
+        f"test_peak_lines.py:{lines[1]['line']} kept = torch.ones(256, 1024) # 1 MiB, alive at "
+        "the peak: 1.00 MiB (temporaries)"
+    )
+    assert recorder.stop() == []  # stopped once
