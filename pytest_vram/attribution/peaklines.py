@@ -24,7 +24,7 @@ from pytest_vram.attribution.sources import TrackerSource
 if TYPE_CHECKING:
     from pytest_vram.backends.base import Backend
 
-__all__ = ["SHOWN_LINES", "PeakLineRecorder", "describe_lines"]
+__all__ = ["SHOWN_LINES", "PeakLineRecorder"]
 
 #: How many lines a record keeps, largest first: enough that a line which grew past others
 #: is found on both sides of a comparison.
@@ -113,15 +113,3 @@ def _relative(filename: str, root: str) -> str:
     except ValueError:  # another drive
         return filename
     return filename if rel.startswith(".." + os.sep) else rel.replace(os.sep, "/")
-
-
-def describe_lines(lines: list[dict[str, Any]]) -> str:
-    """``model.py:54 attn = q @ k.transpose(-2, -1): 1.50 GiB (activations); ...``."""
-    from pytest_vram.record.figures import category_label
-    from pytest_vram.units import format_size
-
-    return "; ".join(
-        f"{entry['file']}:{entry['line']} {entry['text']}: {format_size(entry['bytes'])} "
-        f"({category_label(entry['category'])})"
-        for entry in lines
-    )
