@@ -1,7 +1,8 @@
 """``pytest-vram history`` on a synthetic history: N tests over M commits, one ``--vram-json``
 document per commit as the plugin writes it (each test a full record with its category
-totals and a baseline). Prints the documents' size, then the time of reading them, of the page
-and of the Markdown table, each the median of the rounds; with ``--command``, the whole
+totals and a baseline). Prints the documents' size, the CPU time of reading one document with
+json.loads and with the fast reader, then the time of reading them all, of the page and of the
+Markdown table, each the median of the rounds; with ``--command``, the whole
 ``pytest-vram history DIR --html --markdown`` in a fresh process too.
 
 python benchmarks/bench_history.py [--tests 2000] [--commits 500] [--rounds 3] [--command]
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from pytest_vram.record.record import TestRecord
 from pytest_vram.report.document import build_document
+from pytest_vram.report.documentscan import scan_document
 from pytest_vram.report.history import read_history, steps_markdown
 from pytest_vram.report.historypage import render_history_html
 
@@ -92,6 +94,16 @@ def main() -> int:
             f"({size / args.commits / 1e6:.2f} MB each), made in "
             f"{time.perf_counter() - started:.1f} s"
         )
+        # One document, in this process: the CPU time a reader spends on it, which other jobs
+        # on the machine change less than the wall-clock time.
+        sample = next(iter(sorted(directory.iterdir()))).read_text(encoding="utf-8")
+        for name, read in (("json.loads", json.loads), ("fast reader", scan_document)):
+            spent = []
+            for _ in range(20):
+                started = time.process_time()
+                read(sample)
+                spent.append(time.process_time() - started)
+            print(f"  one document, {name}: {statistics.median(spent) * 1000:.1f} ms of CPU")
         timings: dict[str, list[float]] = {"read": [], "page": [], "table": []}
         for _ in range(args.rounds):
             started = time.perf_counter()

@@ -398,8 +398,9 @@ def _lines_section(tests: list[Mapping[str, Any]]) -> str:
         return ""
     return (
         "<h2>Lines alive at the peak</h2>\n"
-        '<p class="note">For each test that failed or regressed: the lines of your code that '
-        "allocated what was alive at its peak, largest first (taken on a rerun of the test)."
+        '<p class="note">For each test whose memory check failed (every gated test under '
+        "--vram-peak-lines=all): the lines of your code that allocated what was alive at its "
+        "peak, largest first, taken on a rerun of the test."
         "</p>\n" + '<div class="charts">' + "".join(figures) + "</div>\n"
     )
 
