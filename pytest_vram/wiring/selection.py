@@ -98,7 +98,10 @@ class Selection:
         if self.settings.simulate_all:
             return True
         if self._default_is_sim is None:
-            self._default_is_sim = resolve_name(self.settings.backend) == "sim"
+            try:
+                self._default_is_sim = resolve_name(self.settings.backend) == "sim"
+            except ImportError:  # no torch here: nothing to measure a plain test with
+                self._default_is_sim = True
         return not self._default_is_sim
 
     def no_longer_opted_in(self, nodeids: Iterable[str]) -> list[str]:
