@@ -121,3 +121,25 @@ def test_a_test_that_killed_its_process_computes_in_the_next_run(
     cleared = pytester.runpytest_subprocess("--vram-report", "-p", "no:randomly", "--cache-clear")
     cleared.assert_outcomes(passed=3)
     assert (pytester.path / "mode").read_text() == "shape-only"
+
+
+@pytest.mark.slow
+def test_an_xdist_worker_that_died_in_a_test_is_found_by_its_controller(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_killed=KILLED)
+    died = pytester.runpytest_subprocess("--vram-report", "-p", "no:randomly", "-n", "1")
+    assert died.ret != 0
+    died.stdout.fnmatch_lines(
+        [
+            "pytest-vram: test_killed.py::test_dies_once: an xdist worker of this run died "
+            "while this test ran shape-only (killed, or a crash in native code on fake "
+            "tensors); it computes from the start in the runs after this one (pytest "
+            "--cache-clear forgets)"
+        ]
+    )
+    (pytester.path / "mode").unlink(missing_ok=True)
+    result = pytester.runpytest_subprocess("--vram-report", "-p", "no:randomly", "-n", "1")
+    result.assert_outcomes(passed=3)
+    assert (pytester.path / "mode").read_text() == "computing"
