@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pytest_vram.backends.dynamoskip import keep_out_of_dynamo
 from pytest_vram.backends.gradsums import (
     IN_PLACE_SCATTERS,
     accumulates_in_place,
@@ -465,3 +466,6 @@ class _TrackingMode(TorchDispatchMode):
             out = func._op(*retried[0], **retried[1])
         self._observe_output(func, out)
         return out
+
+
+keep_out_of_dynamo(_TrackingMode.__torch_dispatch__)

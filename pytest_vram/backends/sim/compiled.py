@@ -10,7 +10,9 @@ the registered ``"inductor"`` backend call) hands back the graph's own ``forward
 ``"eager"`` backend does: its ops run through the dispatcher and count as eager code does.
 
 Neither Dynamo nor Inductor is imported for it: a test that compiles imports them, and
-Inductor's module is patched when it is first imported.
+Inductor's module is patched when it is first imported. The simulated device's modes are kept
+out of Dynamo (:mod:`~pytest_vram.backends.dynamoskip`): the eager parts of compiled code run
+through them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from pytest_vram.backends.dynamoskip import keep_out_of_dynamo
+from pytest_vram.backends.sim.fakemode import SimFakeTensorMode
 from pytest_vram.backends.sim.patches import PatchSet
+from pytest_vram.backends.sim.remapmode import CudaRemapMode, HostCudaRemapMode
 from pytest_vram.importhook import PatchOnImport
 
 __all__ = ["InductorRunsEagerly"]
@@ -55,3 +60,10 @@ class InductorRunsEagerly:
         finder, self._finder = self._finder, None
         if finder is not None:
             finder.remove()
+
+
+keep_out_of_dynamo(
+    SimFakeTensorMode.__torch_dispatch__,
+    CudaRemapMode.__torch_function__,
+    HostCudaRemapMode.__torch_function__,
+)
