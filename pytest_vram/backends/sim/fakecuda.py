@@ -279,6 +279,11 @@ class VirtualCuda:
         yield autocast, "__init__", autocast_init(autocast.__init__)
         yield torch, "is_autocast_enabled", cuda_query_as_cpu(real_is_autocast_enabled)
         yield torch, "get_autocast_dtype", cuda_query_as_cpu(real_get_autocast_dtype)
+        # Set as they are read: Dynamo reads CUDA's autocast state before it compiles and sets
+        # it back after, which would leave the CPU's dtype as CUDA's to the tests after.
+        for setter in ("set_autocast_enabled", "set_autocast_dtype"):
+            if hasattr(torch, setter):
+                yield torch, setter, cuda_query_as_cpu(getattr(torch, setter))
 
         # On CUDA, optimizers default to their foreach implementations, whose temporaries
         # (a whole copy of exp_avg_sq for Adam) set the step's peak.
