@@ -123,6 +123,9 @@ class _GlobalHooks:
             self._handles = [
                 nn_module.register_module_forward_pre_hook(self._pre_forward),
                 nn_module.register_module_forward_hook(self._post_forward, always_call=True),
+                # A model that runs only compiled meets no forward hook: its parameters are
+                # known as they are set on their module.
+                nn_module.register_module_parameter_registration_hook(self._registered),
                 optim.register_optimizer_step_pre_hook(self._pre_step),
                 optim.register_optimizer_step_post_hook(self._post_step),
             ]
@@ -163,6 +166,12 @@ class _GlobalHooks:
             module = module._orig_mod
         for breakdown in self.breakdowns:
             breakdown._post_forward(module, args, output)
+
+    def _registered(self, module: Any, name: str, param: Any) -> None:
+        if param is None or self._compiling():
+            return
+        for breakdown in self.breakdowns:
+            breakdown._note_parameter(param, None)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         for breakdown in self.breakdowns:
@@ -313,32 +322,36 @@ class PeakBreakdown:
         self._note_module_tensors(root)
 
     def _note_module_tensors(self, root: Any) -> None:
-        from torch.nn.parameter import is_lazy
-
         tag_of = self.tracker.tag_of
         for module in root.modules():
             unit = self._unit_of_module.get(id(module))
             for param in module._parameters.values():
-                # A lazy module's parameter has no storage before its first forward: it is
-                # noted when the result is taken, as what it became.
-                if param is None or is_lazy(param):
-                    continue
-                self._unit_of_param[id(param)] = unit
-                self._note("parameters", param, unit)
-                if param.grad is not None:
-                    self._note("gradients", param.grad, unit)
-                if param.requires_grad and id(param) not in self._hooked:
-                    self._hooked.add(id(param))
-                    try:
-                        hook = param.register_post_accumulate_grad_hook(self._grad_ready)
-                    except RuntimeError:  # not a leaf
-                        continue
-                    self._handles.append(hook)
+                if param is not None:
+                    self._note_parameter(param, unit)
             for buffer in module._buffers.values():
                 if buffer is not None:
                     tag = tag_of(buffer)
                     if tag is not None:
                         self._know(tag, "other", unit, replace=False)
+
+    def _note_parameter(self, param: Any, unit: str | None) -> None:
+        from torch.nn.parameter import is_lazy
+
+        # A lazy module's parameter has no storage before its first forward: it is noted when
+        # the result is taken, as what it became.
+        if is_lazy(param):
+            return
+        self._unit_of_param[id(param)] = unit
+        self._note("parameters", param, unit)
+        if param.grad is not None:
+            self._note("gradients", param.grad, unit)
+        if param.requires_grad and id(param) not in self._hooked:
+            self._hooked.add(id(param))
+            try:
+                hook = param.register_post_accumulate_grad_hook(self._grad_ready)
+            except RuntimeError:  # not a leaf
+                return
+            self._handles.append(hook)
 
     def _note(self, category: str, tensor: Any, unit: str | None) -> None:
         tag = self.tracker.tag_of(tensor)
