@@ -162,6 +162,66 @@ def test_inductor_runs_the_graph_op_by_op(simulated: SimBackend) -> None:
         assert torch.allclose(out, _sine(x))
 
 
+def test_a_compiled_step_with_a_graph_break_leaves_the_modes_uncompiled(
+    simulated: SimBackend,
+) -> None:
+    from pytest_vram.backends.sim.fakemode import SimFakeTensorMode
+    from pytest_vram.backends.tracker import StorageTracker as Tracker
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).cuda()
+
+    @torch.compile
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()
+
+    # backward() runs the modes' handlers from inside the compiled call's eager part.
+    step(torch.ones(4, 8, device="cuda")).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    cache_entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
+    handlers = (SimFakeTensorMode.__torch_dispatch__, Tracker(bool).mode.__torch_dispatch__)
+    assert all(cache_entries(handler.__code__) == [] for handler in handlers)
+
+
+def test_compiling_leaves_cudas_autocast_dtype_as_it_was() -> None:
+    # Dynamo reads CUDA's autocast state before it compiles and sets it back after.
+    before = torch.get_autocast_dtype("cuda")
+    for computing in (False, True):
+        backend = SimBackend()
+        backend.use_values(computing)
+        backend.begin_test()
+        try:
+            torch._dynamo.reset()
+            torch.compile(_sine)(torch.ones(8, device="cuda"))
+            with torch.autocast("cuda"):
+                out = nn.Linear(8, 8).cuda()(torch.ones(2, 8, device="cuda"))
+            assert out.dtype == torch.float16  # CUDA's default, not the CPU's bfloat16
+        finally:
+            backend.end_test()
+        assert torch.get_autocast_dtype("cuda") == before
+
+
+def test_a_model_that_runs_only_compiled_has_its_parameters_categorised() -> None:
+    from pytest_vram.attribution.breakdown import PeakBreakdown
+
+    backend = SimBackend()
+    backend.begin_test()
+    breakdown = PeakBreakdown(backend.tracker, modules=False)
+    breakdown.start()
+    try:
+        torch._dynamo.reset()
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+        model.compile()
+        model(torch.ones(4, 64, device="cuda")).sum().backward()
+        result = breakdown.result(backend.peak_allocated())
+    finally:
+        breakdown.stop()
+        backend.end_test()
+    params = sum(backend.storage_bytes(p) or 0 for p in model.parameters())
+    assert result["categories"]["parameters"] == params
+    assert result["categories"]["gradients"] == params
+
+
 # Each cause in a test of its own, as a suite has them: every test passes under plain pytest.
 # The compiled ones read no values, so that they run shape-only in a file of their own.
 COMPILED = """
