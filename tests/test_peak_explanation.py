@@ -212,3 +212,20 @@ def test_compare_explains_a_real_regression(
     out = capsys.readouterr().out
     assert "at the peak of test_model.py::test_forward:" in out
     assert re.search(r"categories: activations \+", out)
+
+
+def test_a_junit_files_lines_are_compared_too() -> None:
+    base = _row(
+        "t::step", 100 * MiB, vram_peak_line_1="31457280 activations model.py:50 h = self.mlp(x)"
+    )
+    head = _row(
+        "t::step",
+        160 * MiB,
+        vram_peak_line_1="62914560 activations model.py:54 attn = q @ k.transpose(-2, -1)",
+        vram_peak_line_2="41943040 activations model.py:52 h = self.mlp(x)",
+    )
+    explanation = explain(base, head)
+    assert [(line.location, line.delta) for line in explanation.lines] == [
+        ("model.py:54", 60 * MiB),
+        ("model.py:52", 10 * MiB),
+    ]

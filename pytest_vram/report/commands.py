@@ -14,7 +14,13 @@ from typing import Any
 from pytest_vram.errors import UsageError
 from pytest_vram.record.status import rank_of
 from pytest_vram.report.comparison import render_comparison
-from pytest_vram.report.jsonfile import read_json_report, read_report, read_reports
+from pytest_vram.report.jsonfile import (
+    is_json_report,
+    junit_name,
+    read_json_report,
+    read_report,
+    read_reports,
+)
 from pytest_vram.report.junitfile import JUnitFileError, MemoryTable
 from pytest_vram.report.peakchange import add_lines, explanation_lines, flagged_tests
 from pytest_vram.report.runcomparison import RunComparison, compare_runs
@@ -164,7 +170,11 @@ def _run_compare(args: argparse.Namespace) -> int:
             f"properties, so there is nothing to compare; {_NO_PROPERTIES_HINT}"
         )
     if args.base_lines:
-        add_lines(base.rows, read_report(args.base_lines).rows)
+        extra = read_report(args.base_lines).rows
+        if is_json_report(args.base_lines) and not is_json_report(args.base):
+            for row in extra:  # named as the JUnit base names its tests
+                row["name"] = junit_name(row["name"])
+        add_lines(base.rows, extra)
     result = compare_runs(base.rows, head.rows, args.tolerance)
     if args.markdown:
         print(render_comparison(result, base.rows, head.rows), end="")
