@@ -12,7 +12,7 @@ import sys
 import traceback
 from types import FrameType
 
-__all__ = ["is_out_of_memory", "release_exception"]
+__all__ = ["is_out_of_memory", "release_exception", "release_quietly"]
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -32,6 +32,22 @@ def release_exception(exc: BaseException) -> None:
         for name in ("last_type", "last_value", "last_traceback", "last_exc"):
             if hasattr(sys, name):
                 delattr(sys, name)
+
+
+def release_quietly(*excs: BaseException) -> None:
+    """:func:`release_exception` each of ``excs``, dropping what the objects their frames
+    held raise as they go (``__del__`` of an object left half-built when the run that made it
+    is withdrawn)."""
+    hook, sys.unraisablehook = sys.unraisablehook, _drop
+    try:
+        for exc in excs:
+            release_exception(exc)
+    finally:
+        sys.unraisablehook = hook
+
+
+def _drop(unraisable: object) -> None:
+    pass
 
 
 def _release_frames(exc: BaseException | None) -> None:

@@ -44,7 +44,7 @@ from _pytest.runner import runtestprotocol
 from pytest_vram.backends import resolve_name
 from pytest_vram.backends.sim.attempts import ShapeOnlyAttempts
 from pytest_vram.errors import LeakError
-from pytest_vram.raised import is_out_of_memory, release_exception
+from pytest_vram.raised import is_out_of_memory, release_quietly
 
 __all__ = [
     "COMPUTING",
@@ -446,12 +446,7 @@ class ValuesOnDemand:
             # A withdrawn attempt: what it left half-built on fake tensors (a DataLoader's
             # iterator that never started its workers) dies now, and what its __del__ raises
             # is the attempt's, not the test's.
-            hook, sys.unraisablehook = sys.unraisablehook, _ignore
-            try:
-                release_exception(raised)
-                release_exception(call.excinfo.value)
-            finally:
-                sys.unraisablehook = hook
+            release_quietly(raised, call.excinfo.value)
         return report
 
     # -- fixtures of a broader scope ------------------------------------------------------
@@ -527,10 +522,6 @@ class ValuesOnDemand:
 
     def close(self) -> None:
         self.attempts.close()
-
-
-def _ignore(unraisable: Any) -> None:
-    pass
 
 
 def _files_in_cache(cache: Any, key: str) -> set[str]:
