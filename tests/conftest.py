@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -15,9 +16,11 @@ pytest_plugins = ["pytester"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--run-slow", action="store_true", help="also run the tests marked slow (CI does)"
-    )
+    # suites/conftest.py has the same option; a run of both folders registers it once.
+    with contextlib.suppress(ValueError):
+        parser.addoption(
+            "--run-slow", action="store_true", help="also run the tests marked slow (CI does)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
