@@ -264,3 +264,40 @@ def test_a_test_that_did_not_opt_in_keeps_its_random_state(pytester: pytest.Pyte
     plain, reported, seeded = draws.read_text().split()
     assert reported == plain
     assert seeded != plain
+
+
+BACKSTOP = """
+import torch
+from pytest_vram import max_vram
+
+def test_plain():
+    assert not torch.cuda.is_available()
+
+@max_vram("1GiB")
+def test_marked():
+    assert not torch.cuda.is_available()
+
+def test_fixture(vram):
+    assert not torch.cuda.is_available()
+"""
+
+
+def test_a_test_that_fails_only_on_the_simulated_device_keeps_its_plain_outcome(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_backstop=BACKSTOP)
+    result = pytester.runpytest(SIM, "--vram-report", "--vram-gate=all", "-p", "no:cacheprovider")
+    # Simulated only because of --vram-gate=all: plain pytest's outcome, and the reason.
+    # Opted in: it fails, saying it passes without the simulated device. With the vram
+    # fixture it cannot run without the plugin: its failure stands as it is.
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "fails on the simulated device and passes without it (pytest -p no:vram): "
+            "AssertionError: assert not True",
+            "pytest-vram: test_backstop.py::test_plain: its memory was not simulated: it fails "
+            "on the simulated device (AssertionError: assert not True) and passes without it",
+        ]
+    )
+    result.stdout.fnmatch_lines(["FAILED test_backstop.py::test_fixture - AssertionError*"])
+    result.stdout.fnmatch_lines(["1 test not measured: they fail on the simulated device*"])

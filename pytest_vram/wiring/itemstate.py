@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from pytest_vram.record.record import TestRecord
-from pytest_vram.stash import MARKER_ERROR, MARKS, MEASUREMENT, PROPERTIES, RECORD
+from pytest_vram.stash import MARKER_ERROR, MARKS, MEASUREMENT, OPTED_IN, PROPERTIES, RECORD
+from pytest_vram.wiring.selection import VRAM_FIXTURES
 
 # What a run of a test leaves on its item that the reports of that run are made from.
 _RUN_KEYS = (RECORD, MEASUREMENT, PROPERTIES)
@@ -32,6 +34,26 @@ class ItemState:
         if marks is None or MARKER_ERROR in item.stash:
             return None
         return marks.backend or ""
+
+    def opted_in(self, item: pytest.Item) -> bool:
+        return item.stash.get(OPTED_IN, True)
+
+    def runs_plain(self, item: pytest.Item) -> bool:
+        return VRAM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+    @contextlib.contextmanager
+    def unmeasured(self, item: pytest.Item) -> Iterator[None]:
+        """The session runs ``item`` as a test it does not measure while this lasts."""
+        stash = item.stash
+        kept = {key: stash[key] for key in (MARKS, OPTED_IN) if key in stash}
+        for key in kept:
+            del stash[key]
+        try:
+            yield
+        finally:
+            self.forget(item)
+            for key, value in kept.items():
+                stash[key] = value
 
     def raised_in(self, item: pytest.Item) -> BaseException | None:
         measurement = item.stash.get(MEASUREMENT, None)

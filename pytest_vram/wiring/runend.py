@@ -75,7 +75,12 @@ class RunEnd:
         """How many tests ran without being measured, and why."""
         measured = {record.nodeid for record in self.records}
         count = len(self.ran - measured)
-        if self.settings.measure_all:  # only the simulated device leaves tests out then
+        if self.settings.simulate_all:  # only the backstop leaves a test out then
+            why = (
+                "they fail on the simulated device and pass without it, so their outcome is "
+                "plain pytest's (the lines above name each)"
+            )
+        elif self.settings.measure_all:  # only the simulated device leaves tests out then
             why = (
                 "they did not opt in (a vram marker or fixture), and the simulated device "
                 "runs only tests that do (--vram-gate=all simulates every test)"

@@ -43,6 +43,7 @@ from _pytest.runner import runtestprotocol
 
 from pytest_vram.backends import resolve_name
 from pytest_vram.backends.sim.attempts import ShapeOnlyAttempts
+from pytest_vram.backends.sim.plainrun import PlainTests, fails_only_simulated, passed, run_plain
 from pytest_vram.errors import LeakError
 from pytest_vram.raised import is_out_of_memory, release_quietly
 
@@ -126,7 +127,7 @@ def _first_failure_line(reports: list[pytest.TestReport]) -> str | None:
     return None
 
 
-class MeasuredTests(Protocol):
+class MeasuredTests(PlainTests, Protocol):
     """What values on demand asks the session of a measured test."""
 
     def backend_of(self, item: pytest.Item) -> str | None:
@@ -194,6 +195,8 @@ class ValuesOnDemand:
         #: Each shape-only attempt, recorded while it runs: a run after one that died in it
         #: computes the test instead (``crashed``).
         self.attempts = ShapeOnlyAttempts(cache, reads=not hasattr(config, "workerinput"))
+        #: What the run's end says: the tests whose memory was not simulated, and why.
+        self.notes: list[str] = []
 
     def _on_sim(self, item: pytest.Item) -> bool:
         named = self._tests.backend_of(item)
@@ -306,6 +309,8 @@ class ValuesOnDemand:
                 self.computing.add(module)
                 for report in reports:
                     setattr(report, _REPORT_ATTRIBUTE, module)
+        if self._worth_another_mode(item, reports):  # failed, and memory does not say why
+            reports = self._backstop(item, nextitem, reports, saved)
         self._last_computed = module in self.computing or module in self.guessed
         if guessed_wrong:
             for report in reports:
@@ -313,6 +318,33 @@ class ValuesOnDemand:
         held, self._held = self._held, []
         for report in held:
             item.ihook.pytest_runtest_logreport(report=report)
+        return reports
+
+    def _backstop(
+        self,
+        item: pytest.Item,
+        nextitem: pytest.Item | None,
+        reports: list[pytest.TestReport],
+        saved: tuple[list, list],
+    ) -> list[pytest.TestReport]:
+        """Run a test that failed on the simulated device as without the plugin (see
+        :mod:`~pytest_vram.backends.sim.plainrun`); the reports that stand."""
+        tests = self._tests
+        if not tests.runs_plain(item):
+            return reports
+        cause = _first_failure_line(reports)
+        kept = self._set_aside(item, reports, saved)
+        plain = run_plain(item, nextitem, tests)
+        if not passed(plain):  # it fails anyway: the simulated run stands
+            return self._restore(item, kept, item.stash.get(COMPUTING_BECAUSE, None))
+        if not tests.opted_in(item):
+            self.notes.append(
+                f"{item.nodeid}: its memory was not simulated: it fails on the simulated "
+                f"device ({cause}) and passes without it"
+            )
+            return plain
+        reports = self._restore(item, kept, item.stash.get(COMPUTING_BECAUSE, None))
+        fails_only_simulated(reports, cause)
         return reports
 
     def _within_budget(self, item: pytest.Item) -> bool:
@@ -517,7 +549,7 @@ class ValuesOnDemand:
                 cache.set(key, sorted(remembered | found))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        for note in self.attempts.notes:
+        for note in [*self.attempts.notes, *self.notes]:
             terminalreporter.write_line(f"pytest-vram: {note}")
 
     def close(self) -> None:
