@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.runner import runtestprotocol
 
+from pytest_vram.backends.sim.ondemand import MAY_RUN_AGAIN, run_again
 from pytest_vram.record.status import Status
 from pytest_vram.stash import MEASUREMENT, RECORD
 from pytest_vram.wiring.itemstate import ItemState
@@ -56,7 +57,7 @@ class PeakLines:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
         if call.when == "teardown" and not self._rerunning:
             record = item.stash.get(RECORD, None)
-            if record is not None and self._wanted(record):
+            if record is not None and self._wanted(record) and not _withdrawn(item):
                 self._take(item, record)
         return (yield)
 
@@ -113,3 +114,17 @@ class PeakLines:
             if self.session.junit_properties:
                 add_junit_properties(item, record)
         self._lines = None
+
+
+def _withdrawn(item: pytest.Item) -> bool:
+    """Whether the run of ``item`` that just ended is one values on demand runs again (a
+    shape-only attempt that wanted values, a guess that failed): its lines are not the ones
+    reported."""
+    tried = item.stash.get(MAY_RUN_AGAIN, None)
+    if tried is None:
+        return False
+    if tried == "guess":
+        return True
+    measurement = item.stash.get(MEASUREMENT, None)
+    raised = measurement.raised if measurement is not None else None
+    return raised is not None and run_again(item, raised)
