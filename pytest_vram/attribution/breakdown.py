@@ -168,7 +168,7 @@ class _GlobalHooks:
             breakdown._post_forward(module, args, output)
 
     def _registered(self, module: Any, name: str, param: Any) -> None:
-        if param is None or self._compiling():
+        if param is None or not self.breakdowns or self._compiling():
             return
         for breakdown in self.breakdowns:
             breakdown._note_parameter(param, None)
