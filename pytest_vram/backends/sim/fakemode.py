@@ -27,6 +27,7 @@ from pytest_vram.backends.gradsums import (
 from pytest_vram.backends.sim import foreach
 from pytest_vram.backends.sim.foreach import is_foreach
 from pytest_vram.backends.sim.hosttensors import HostTensors
+from pytest_vram.backends.sim.inference import runs_as_its_parts
 from pytest_vram.backends.sim.known import KnownValues
 from pytest_vram.backends.tracker import StorageTracker
 
@@ -41,6 +42,7 @@ _VIEW = torch.ops.aten.view.default
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
 _DEVICE = torch.ops.prim.device.default
+_inference_mode = torch.is_inference_mode_enabled
 # What FakeTensorMode answers before it looks for other subclasses, and how it looks.
 try:
     from torch._subclasses.fake_tensor import (
@@ -324,6 +326,10 @@ class SimFakeTensorMode(FakeTensorMode):
         only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
         if not only_fakes and _other_subclass(func, args, kwargs):
             return NotImplemented
+        if self._depth == 0 and _inference_mode() and runs_as_its_parts(func):
+            # Autograd, which breaks such an op up, is skipped: its parts are counted here.
+            with self:
+                return func.decompose(*args, **(kwargs or {}))
         self._depth += 1
         try:
             if func is _GROUPED_MM:
