@@ -300,7 +300,10 @@ def test_lazy_module():
 
 def _outcomes(pytester: pytest.Pytester, *options: str) -> dict[str, str]:
     junit = pytester.path / "outcomes.xml"
-    pytester.runpytest_subprocess(f"--junitxml={junit}", "-p", "no:randomly", *options)
+    run = pytester.runpytest_subprocess(f"--junitxml={junit}", "-p", "no:randomly", *options)
+    # Each test's outcome is the simulated device's own, not the backstop's plain run.
+    assert "its memory was not simulated" not in run.stdout.str()
+    assert "passes without the simulated device" not in run.stdout.str()
     found = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
