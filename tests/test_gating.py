@@ -236,8 +236,8 @@ def test_the_table_shows_what_needs_a_look_then_the_largest_others(
     shown = [int(row.split()[0].rsplit("_", 1)[1]) for row in rows[1:]]
     assert shown == list(range(40, 40 - QUIET_ROWS, -1))
     assert lines[start + 2 + QUIET_ROWS] == (
-        f"... and {40 - QUIET_ROWS} more tests that passed or did not opt in, smaller than "
-        "those above; all are in --vram-json all.json"
+        f"... and {40 - QUIET_ROWS} more tests that passed, did not opt in or skipped, smaller "
+        "than those above; all are in --vram-json all.json"
     )
     result.stdout.fnmatch_lines(["41 measured tests: 1 new, 40 ungated"])
 

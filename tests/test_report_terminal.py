@@ -116,3 +116,15 @@ def test_terminal_lines_without_tests() -> None:
         "test  backend  peak  increment  leftover  baseline  change  status",
         "0 measured tests",
     ]
+
+
+def test_a_test_skipped_before_it_allocated_gets_no_row_and_is_counted() -> None:
+    lines = terminal_lines(
+        [
+            record("t.py::ran", 512),
+            record("t.py::skipped_early", 0, "skipped"),
+            record("t.py::skipped_late", 1024, "skipped"),
+        ]
+    )
+    assert row_order(lines) == ["t.py::ran", "t.py::skipped_late"]
+    assert lines[-1] == "3 measured tests: 1 ok, 2 skipped"

@@ -27,6 +27,7 @@ __all__ = ["QUIET_ROWS", "render_terminal", "terminal_lines"]
 #: How many rows the table gives the tests that need no look, largest peak first.
 QUIET_ROWS = 20
 _NOTABLE = FAILING_STATUSES | {Status.NEW.value, Status.IMPROVED.value}
+_SKIPPED = Status.SKIPPED.value
 
 _HEADER = ("test", "backend", "peak", "increment", "leftover", "baseline", "change", "status")
 # The figures line up on their right edge.
@@ -58,7 +59,13 @@ def render_terminal(
     """
     every_test = document_tests(document)
     tests = [test for test in every_test if str(test.get("status") or "") in _NOTABLE]
-    quiet = [test for test in every_test if str(test.get("status") or "") not in _NOTABLE]
+    # A test skipped before it allocated anything has no figure to show; the totals count it.
+    quiet = [
+        test
+        for test in every_test
+        if str(test.get("status") or "") not in _NOTABLE
+        and not (test.get("status") == _SKIPPED and not _peak(test))
+    ]
     if len(quiet) > quiet_rows:
         quiet.sort(key=lambda test: -(_peak(test)))
     left_out, quiet = quiet[quiet_rows:], quiet[:quiet_rows]
@@ -80,8 +87,8 @@ def render_terminal(
     if left_out:
         where = f"all are in {all_in}" if all_in else "--vram-json PATH writes them all"
         lines.append(
-            f"... and {plural(len(left_out), 'more test')} that passed or did not opt in, "
-            f"smaller than those above; {where}"
+            f"... and {plural(len(left_out), 'more test')} that passed, did not opt in or "
+            f"skipped, smaller than those above; {where}"
         )
     lines += rank_lines(tests)
     measured, counts = status_counts(document)
