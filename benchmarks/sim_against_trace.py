@@ -112,6 +112,7 @@ class Run:
     events: list[tuple[str, int, int]] = field(default_factory=list)
     weights: int = 0  # allocated when recording started
     peak: int = 0  # peak allocated, the weights included
+    peak_reserved: int = 0  # on a replay: the segments' peak, those before recording included
     end: int = 0  # allocated at the end
 
 
@@ -175,6 +176,7 @@ def real_run(snapshot: dict[str, Any]) -> Run:
         elif action == "free_completed":
             model.free(live.pop(event["addr"]))
     run.peak, run.end = model.peak_allocated, model.allocated
+    run.peak_reserved = model.peak_reserved
     return run
 
 
@@ -190,6 +192,7 @@ def replay(snapshot: dict[str, Any], events: list[tuple[str, int, int]]) -> Run:
         elif key in live:  # a free of a block from before recording is the weights' own
             model.free(live.pop(key))
     run.peak, run.end = model.peak_allocated, model.allocated
+    run.peak_reserved = model.peak_reserved
     return run
 
 
@@ -396,6 +399,8 @@ def compare(real: Run, sim: Run, sim_on_real_weights: Run) -> dict[str, Any]:
         "peak_allocated": _peak(real, sim.peak),
         # The simulated run's requests and frees from the real allocator's state at the start.
         "peak_allocated_on_real_weights": _peak(real, sim_on_real_weights.peak),
+        # Reserved, both from the real segments when recording started.
+        "peak_reserved": {"real": real.peak_reserved, "sim": sim_on_real_weights.peak_reserved},
         "peak_over_weights": {"real": real.peak - real.weights, "sim": sim.peak - sim.weights},
         "end_allocated": {"real": real.end, "sim": sim.end},
         "differences": differences,
@@ -426,6 +431,8 @@ def report(name: str, result: dict[str, Any]) -> str:
         f" ratio {peak['ratio']:.6f} ({peak['percent']:+.4f}%)",
         "  peak allocated, the sim's requests and frees from the real weights' blocks:"
         f" {on_real['sim']:,}, ratio {on_real['ratio']:.6f} ({on_real['percent']:+.4f}%)",
+        f"  peak reserved, from the real segments: real {result['peak_reserved']['real']:,},"
+        f" sim {result['peak_reserved']['sim']:,}",
         f"  peak over the weights: real {result['peak_over_weights']['real']:,},"
         f" sim {result['peak_over_weights']['sim']:,}",
         f"  allocated at the end: real {result['end_allocated']['real']:,},"
