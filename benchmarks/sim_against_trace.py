@@ -74,8 +74,8 @@ import torch  # noqa: E402
 from pytest_vram.backends import create_backend  # noqa: E402
 from pytest_vram.backends.segments import Block, CachingAllocatorModel, round_request  # noqa: E402
 from pytest_vram.backends.traces import (  # noqa: E402
+    blocks_before_recording,
     load_snapshot,
-    restore_before_recording,
     trace_of,
 )
 
@@ -160,9 +160,10 @@ class _Replay(CachingAllocatorModel):
 def real_run(snapshot: dict[str, Any]) -> Run:
     """The trace's requests and its allocated bytes as the real allocator counted them."""
     trace = trace_of(snapshot)
-    model = restore_before_recording(snapshot, _Replay())
+    model = _Replay()
+    # Blocks of an earlier step that the recorded one frees are there from the start.
+    live: dict[int, Block] = blocks_before_recording(snapshot, model)
     run = Run(weights=model.allocated)
-    live: dict[int, Block] = {}
     for event in trace:
         action = event["action"]
         if action == "segment_alloc":
@@ -182,14 +183,29 @@ def real_run(snapshot: dict[str, Any]) -> Run:
 
 def replay(snapshot: dict[str, Any], events: list[tuple[str, int, int]]) -> Run:
     """``events`` (another run's) from the state the snapshot's allocator was in when
-    recording started: what that run's requests and frees give with the real weights' blocks."""
-    model = restore_before_recording(snapshot, CachingAllocatorModel())
+    recording started: what that run's requests and frees give with the real weights' blocks.
+    A free of a block from before recording (``free_before``, by its size) frees the block of
+    that size the real run freed first; other blocks from before recording are kept."""
+    model = CachingAllocatorModel()
+    before = blocks_before_recording(snapshot, model)
     run = Run(weights=model.allocated)
+    traced: set[int] = set()
+    freed_first: list[Block] = []
+    for event in trace_of(snapshot):
+        if event["action"] == "alloc":
+            traced.add(event["addr"])
+        elif event["action"] == "free_completed" and event["addr"] not in traced:
+            freed_first.append(before[event["addr"]])
     live: dict[int, Block | None] = {}
     for action, key, nbytes in events:
         if action == "alloc":
             live[key] = model.malloc(nbytes)
-        elif key in live:  # a free of a block from before recording is the weights' own
+        elif action == "free_before":
+            found = next((b for b in freed_first if b.size == nbytes), None)
+            if found is not None:
+                freed_first.remove(found)
+                model.free(found)
+        elif key in live:
             model.free(live.pop(key))
     run.peak, run.end = model.peak_allocated, model.allocated
     run.peak_reserved = model.peak_reserved
@@ -251,6 +267,8 @@ class _Recorder:
         def recording_free(block: Any) -> None:
             if self._held.pop(id(block), None) is not None:
                 self.events.append(("free", id(block), 0))
+            else:  # made before recording: known to a replay by its size
+                self.events.append(("free_before", 0, block.size))
             free(block)
 
         self.allocator.malloc = recording_malloc

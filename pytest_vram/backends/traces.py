@@ -3,7 +3,7 @@ as plain data, and the device as it was when their history recording started.
 
 A snapshot holds only dicts, lists, strings and numbers; a pickle that names any class or
 function is refused before anything of it runs. The checks of the segment model against real
-GPUs replay a trace's requests from the state :func:`restore_before_recording` lays out.
+GPUs replay a trace's requests from the state :func:`blocks_before_recording` lays out.
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from pytest_vram.backends.segments import CachingAllocatorModel
+from pytest_vram.backends.segments import Block, CachingAllocatorModel, round_request
 
-__all__ = ["GlobalsRefused", "load_snapshot", "restore_before_recording", "trace_of"]
+__all__ = [
+    "GlobalsRefused",
+    "blocks_before_recording",
+    "load_snapshot",
+    "trace_of",
+]
 
 
 class GlobalsRefused(pickle.UnpicklingError):
@@ -38,27 +43,37 @@ def trace_of(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     return trace
 
 
-def restore_before_recording(
+def blocks_before_recording(
     snapshot: dict[str, Any], model: CachingAllocatorModel
-) -> CachingAllocatorModel:
-    """``model`` holding what was on the device before recording started: the blocks in use at
-    the end that no traced request made, in the segments the trace did not ask for, the rest
-    of those segments cached; its peaks start there."""
+) -> dict[int, Block]:
+    """Lay out on ``model`` what was on the device before recording started, and return its
+    blocks in use by address: the blocks in use at the end that no traced request made, and
+    those the trace frees before it allocates at their address (a tensor of an earlier step,
+    freed in the recorded one; its block is its rounded size), in the segments the trace did
+    not ask for, the rest of those segments cached."""
     trace = trace_of(snapshot)
-    traced_blocks = {e["addr"] for e in trace if e["action"] == "alloc"}
+    traced_blocks: set[int] = set()
+    freed_first: dict[int, int] = {}
+    for event in trace:
+        if event["action"] == "alloc":
+            traced_blocks.add(event["addr"])
+        elif event["action"] == "free_completed" and event["addr"] not in traced_blocks:
+            freed_first.setdefault(event["addr"], round_request(event["size"]))
     traced_segments = {e["addr"] for e in trace if e["action"] == "segment_alloc"}
+    blocks: dict[int, Block] = {}
     for segment in snapshot["segments"]:
         if segment["address"] in traced_segments:
             continue
-        model.restore_segment(
-            segment["address"],
-            segment["total_size"],
-            [
-                (block["address"], block["size"])
-                for block in segment["blocks"]
-                if block["state"] == "active_allocated" and block["address"] not in traced_blocks
-            ],
-            small=segment["segment_type"] == "small",
-        )
+        start, end = segment["address"], segment["address"] + segment["total_size"]
+        in_use = [
+            (block["address"], block["size"])
+            for block in segment["blocks"]
+            if block["state"] == "active_allocated" and block["address"] not in traced_blocks
+        ]
+        in_use += [(addr, size) for addr, size in freed_first.items() if start <= addr < end]
+        for block in model.restore_segment(
+            start, segment["total_size"], in_use, small=segment["segment_type"] == "small"
+        ):
+            blocks[block.addr] = block
     model.reset_peak()
-    return model
+    return blocks
