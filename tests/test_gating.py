@@ -91,7 +91,7 @@ def test_on_sim_a_test_that_did_not_opt_in_runs_as_without_the_plugin(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        test_sim="""
+        test_sim_plain="""
         import random
         import torch
         from torch._subclasses.fake_tensor import FakeTensor
@@ -122,7 +122,7 @@ def test_on_sim_a_test_that_did_not_opt_in_runs_as_without_the_plugin(
     data_file = pytester.path / "r.json"
     pytester.runpytest(SIM, "--vram-report", f"--vram-json={data_file}")
     document = json.loads(data_file.read_text())
-    assert [test["nodeid"] for test in document["tests"]] == ["test_sim.py::test_marked"]
+    assert [test["nodeid"] for test in document["tests"]] == ["test_sim_plain.py::test_marked"]
     assert document["run"]["not_measured"] == 1
 
 

@@ -124,7 +124,7 @@ def test_a_rerun_of_a_test_that_draws_from_unseeded_generators_measures_alike(
     )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
-        ["vram: each measured test starts from its own seed, derived from 0 (--vram-seed)"]
+        ["vram: each test that opted in starts from its own seed, derived from 0 (--vram-seed)"]
     )
 
 

@@ -309,7 +309,8 @@ class ValuesOnDemand:
                 self.computing.add(module)
                 for report in reports:
                     setattr(report, _REPORT_ATTRIBUTE, module)
-        if self._worth_another_mode(item, reports):  # failed, and memory does not say why
+        # Failed (an xfail is the outcome plain pytest gives too), and memory does not say why.
+        if any(r.failed for r in reports) and self._worth_another_mode(item, reports):
             reports = self._backstop(item, nextitem, reports, saved)
         self._last_computed = module in self.computing or module in self.guessed
         if guessed_wrong:
