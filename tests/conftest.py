@@ -42,6 +42,15 @@ def _pytester_without_randomly(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("monkeypatch").setenv("PYTEST_ADDOPTS", "-p no:randomly")
 
 
+@pytest.fixture
+def every_test_simulated(_pytester_without_randomly: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytester runs simulate every test, whether it opted in or not, as under
+    --vram-gate=all (an ini override: a run without the plugin only warns of it). For the
+    tests of what becomes of any test the simulated device runs."""
+    options = os.environ.get("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{options} -o vram_gate=all".strip())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_counter_cache() -> Iterator[None]:
     # pytester points HOME at each test's own directory, so every pytest it starts in a

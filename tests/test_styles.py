@@ -7,29 +7,20 @@ in every report and never stored."""
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
 
-
-@pytest.fixture(autouse=True)
-def _every_test_simulated(
-    _pytester_without_randomly: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # These runs check what becomes of any test the simulated device runs, whether it opted in
-    # or not: every test is simulated, as under --vram-gate=all (an ini override: the runs
-    # without the plugin only warn of it).
-    options = os.environ.get("PYTEST_ADDOPTS", "")
-    monkeypatch.setenv("PYTEST_ADDOPTS", f"{options} -o vram_gate=all".strip())
-
-
 # pytest's own subtests fixture, which these files use, is new in pytest 9.
-pytestmark = pytest.mark.skipif(
-    pytest.version_tuple < (9,), reason="the subtests fixture is new in pytest 9"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        pytest.version_tuple < (9,), reason="the subtests fixture is new in pytest 9"
+    ),
+    # What becomes of any test the simulated device runs, opted in or not.
+    pytest.mark.usefixtures("every_test_simulated"),
+]
 
 # Each test reads tensor values, which the simulated device computes only on demand.
 READS_VALUES = """

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from plain_settings import settings
 
 from pytest_vram.baselines.compare import unmeasured_figures
 from pytest_vram.marks import VramMarks
-from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord
-from pytest_vram.units import parse_tolerance
 from pytest_vram.verdict import judge
 
 CPU = "--vram-backend=cpu"
@@ -24,27 +23,6 @@ def test_step(vram):
         return torch.ones({n}, device=vram.device)
     {scenario}
 """
-
-
-def settings(**values: object) -> Settings:
-    defaults = dict(
-        report=False,
-        backend="cpu",
-        cpu_counter="auto",
-        sim_capacity=None,
-        baseline_dir=__import__("pathlib").Path("baselines"),
-        tolerance=parse_tolerance("5%"),
-        update_baselines=False,
-        prune_baselines=False,
-        strict=False,
-        json_path=None,
-        markdown_path=None,
-        html_path=None,
-        junit_properties=False,
-        snapshot_dir=None,
-    )
-    defaults.update(values)
-    return Settings(**defaults)  # type: ignore[arg-type]
 
 
 def test_unmeasured_figures_are_the_measured_ones_the_entry_has_and_the_run_lacks() -> None:

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
 
-
-@pytest.fixture(autouse=True)
-def _every_test_simulated(
-    _pytester_without_randomly: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # These runs check what becomes of any test the simulated device runs, whether it opted in
-    # or not: every test is simulated, as under --vram-gate=all (an ini override: the runs
-    # without the plugin only warn of it).
-    options = os.environ.get("PYTEST_ADDOPTS", "")
-    monkeypatch.setenv("PYTEST_ADDOPTS", f"{options} -o vram_gate=all".strip())
+# What becomes of any test the simulated device runs, opted in or not.
+pytestmark = pytest.mark.usefixtures("every_test_simulated")
 
 
 # Ordinary tests of PyTorch code, written for the CPU, that read values in every way a suite

@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
+from plain_settings import SETTINGS, settings
 
 from pytest_vram.marks import Budget, VramMarks
-from pytest_vram.options import Settings
 from pytest_vram.record.record import TestRecord
 from pytest_vram.record.status import FAILING_STATUSES, Status, rank_of
 from pytest_vram.units import parse_tolerance
 from pytest_vram.verdict import Outcome, judge
 
 MiB = 1024**2
-
-SETTINGS = Settings(
-    report=True,
-    backend="sim",
-    cpu_counter="auto",
-    sim_capacity=None,
-    baseline_dir=Path("baselines"),
-    tolerance=parse_tolerance("5%"),
-    update_baselines=False,
-    prune_baselines=False,
-    strict=False,
-    json_path=None,
-    markdown_path=None,
-    html_path=None,
-    junit_properties=True,
-    snapshot_dir=None,
-)
-
-
-def settings(**changes: Any) -> Settings:
-    return dataclasses.replace(SETTINGS, **changes)
 
 
 def record(peak: int = 10 * MiB, **fields: Any) -> TestRecord:

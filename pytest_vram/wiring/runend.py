@@ -251,19 +251,26 @@ def shown_path(path: Path) -> str:
 
 
 def _unopted_warning(nodeids: list[str]) -> str:
-    shown = ", ".join(nodeids[:3]) + (f" and {len(nodeids) - 3} more" if len(nodeids) > 3 else "")
-    entries, them = ("entry belongs", "it") if len(nodeids) == 1 else ("entries belong", "them")
+    entries = ("entry belongs", "entries belong")[len(nodeids) > 1]
     return (
-        f"{len(nodeids)} baseline {entries} to tests that no longer opt in ({shown}): only "
-        f"tests with a vram marker or fixture are compared (--vram-gate=all compares every "
-        f"test); --vram-prune-baselines removes {them}"
+        f"{len(nodeids)} baseline {entries} to tests that no longer opt in ({_few(nodeids)}): "
+        "only tests with a vram marker or fixture are compared (--vram-gate=all compares every "
+        f"test); --vram-prune-baselines removes {_them(nodeids)}"
     )
 
 
 def _stale_warning(stale: list[str]) -> str:
-    shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
-    entries, them = ("entry has", "it") if len(stale) == 1 else ("entries have", "them")
+    entries = ("entry has", "entries have")[len(stale) > 1]
     return (
-        f"{len(stale)} baseline {entries} no test any more ({shown}); "
-        f"--vram-prune-baselines removes {them}"
+        f"{len(stale)} baseline {entries} no test any more ({_few(stale)}); "
+        f"--vram-prune-baselines removes {_them(stale)}"
     )
+
+
+def _few(nodeids: list[str]) -> str:
+    more = f" and {len(nodeids) - 3} more" if len(nodeids) > 3 else ""
+    return ", ".join(nodeids[:3]) + more
+
+
+def _them(nodeids: list[str]) -> str:
+    return "it" if len(nodeids) == 1 else "them"
