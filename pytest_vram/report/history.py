@@ -52,6 +52,8 @@ class Commit:
     #: The commit's date (ISO 8601), else when the document was written; may be empty.
     date: str
     path: str
+    #: When the document was written: what orders commits made in the same second.
+    created: str = ""
 
     @property
     def short(self) -> str:
@@ -113,8 +115,10 @@ def read_history(directory: str | os.PathLike[str], tolerance: str | Tolerance =
     if not paths:
         raise HistoryError(f"{root}: no --vram-json documents (*.json, *.json.gz) in it")
     loaded = _load_all(paths)
-    # By the commit's date; documents of one commit (shards, reruns) merge into one point.
-    loaded.sort(key=lambda item: (item[0].date, item[0].name))
+    # By the commit's date (to the second: commits made in one second, as a script or a
+    # rebase makes them, by when their runs wrote the documents, then by file name);
+    # documents of one commit (shards, reruns) merge into one point.
+    loaded.sort(key=lambda item: (item[0].date, item[0].created, item[0].path))
     commits: list[Commit] = []
     peaks: list[dict[str, int]] = []
     for commit, tests in loaded:
@@ -168,6 +172,7 @@ def _load(path: Path) -> tuple[Commit, dict[str, int]]:
         name=name if isinstance(name, str) and name else path.name,
         date=date if isinstance(date, str) else "",
         path=os.fspath(path),
+        created=created if isinstance(created, str) else "",
     )
     return commit, peaks
 
