@@ -1,10 +1,14 @@
-"""Outcome parity on third-party test suites: plain pytest against ``pytest --vram-report``.
+"""Outcome parity on third-party test suites: plain pytest against ``pytest --vram-report
+--vram-gate=all``, which simulates every test, opted in or not.
 
 Each suite is a source tree with its tests (a checkout of the project), installed in the
 environment of ``--python`` together with torch and pytest-vram. The suite runs three times on a
-machine without a GPU: plain (``-p no:vram``), under ``--vram-report`` with an empty pytest
-cache (every test starts shape-only and the files that need values are found), and under
-``--vram-report`` again (those files compute from the start). Per test, and per subtest
+machine without a GPU: plain (``-p no:vram``), with every test simulated and an empty pytest
+cache (every test starts shape-only and the files that need values are found), and so again
+(those files compute from the start). A test that fails on the simulated device and passes
+without it keeps plain pytest's outcome through the plugin's backstop, and the run says so in a
+``pytest-vram: NODEID: its memory was not simulated`` line: parity on the simulated device
+itself means the runs print no such line. Per test, and per subtest
 (``self.subTest`` in a ``unittest.TestCase``, or the ``subtests`` fixture), the outcomes are
 compared; the table gives passed / failed / skipped tests and passed / failed subtests per run,
 as pytest's own summary counts them, the tests and subtests whose outcome differs from plain,
@@ -41,10 +45,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pytest
 
+_SIMULATED = ["--vram-report", "--vram-gate=all", "--vram-baseline-dir", "{baselines}"]
 RUNS = {
     "plain": ["-p", "no:vram"],
-    "vram (first run)": ["--vram-report", "--vram-baseline-dir", "{baselines}"],
-    "vram (cached)": ["--vram-report", "--vram-baseline-dir", "{baselines}"],
+    "vram (first run)": _SIMULATED,
+    "vram (cached)": _SIMULATED,
 }
 LOG = "BENCH_THIRD_PARTY_LOG"
 
