@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.runner import runtestprotocol
 
-from pytest_vram.backends.sim.ondemand import MAY_RUN_AGAIN, run_again
+from pytest_vram.backends.sim.runmodes import MAY_RUN_AGAIN, run_again
 from pytest_vram.record.status import Status
 from pytest_vram.stash import MEASUREMENT, RECORD
 from pytest_vram.wiring.itemstate import ItemState

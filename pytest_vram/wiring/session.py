@@ -15,12 +15,8 @@ import pytest
 
 from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends import Backend
-from pytest_vram.backends.sim.ondemand import (
-    HELD_BACK,
-    MAY_RUN_AGAIN,
-    RunAgain,
-    run_again,
-)
+from pytest_vram.backends.sim.ondemand import HELD_BACK
+from pytest_vram.backends.sim.runmodes import MAY_RUN_AGAIN, RunAgain, run_again
 from pytest_vram.backends.sim.valuesoff import needs_values_message
 from pytest_vram.baselines.store import BaselineStore
 from pytest_vram.distributed import RankExchange, entry_for_rank

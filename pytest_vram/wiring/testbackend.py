@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_vram.backends import Backend, BackendUnavailable
-from pytest_vram.backends.sim.ondemand import COMPUTING, COMPUTING_BECAUSE, ON_A_GUESS
+from pytest_vram.backends.sim.runmodes import COMPUTING, COMPUTING_BECAUSE, ON_A_GUESS
 from pytest_vram.marks import MarkerError, VramMarks
 from pytest_vram.stash import MARKER_ERROR
 from pytest_vram.units import describe_size, format_size

@@ -44,34 +44,20 @@ from _pytest.runner import runtestprotocol
 from pytest_vram.backends import resolve_name
 from pytest_vram.backends.sim.attempts import ShapeOnlyAttempts
 from pytest_vram.backends.sim.plainrun import PlainTests, fails_only_simulated, passed, run_plain
+from pytest_vram.backends.sim.runmodes import (
+    COMPUTING,
+    COMPUTING_BECAUSE,
+    MAY_RUN_AGAIN,
+    ON_A_GUESS,
+    RunAgain,
+    failed_or_xfailed,
+    first_failure_line,
+    run_again,
+)
 from pytest_vram.errors import LeakError
 from pytest_vram.raised import is_out_of_memory, release_quietly
 
-__all__ = [
-    "COMPUTING",
-    "COMPUTING_BECAUSE",
-    "HELD_BACK",
-    "MAY_RUN_AGAIN",
-    "NEEDS_VALUES_CACHE_KEY",
-    "ON_A_GUESS",
-    "SHAPE_ONLY_CACHE_KEY",
-    "RunAgain",
-    "ValuesOnDemand",
-    "run_again",
-]
-
-# What values on demand keeps on a test item (``item.stash``), set before a test on the
-# simulated device runs; the session reads them.
-
-#: Whether the test computes its values on the CPU (else it runs shape-only).
-COMPUTING: pytest.StashKey[bool] = pytest.StashKey()
-#: Whether it computes on a guess, within a host-memory budget.
-ON_A_GUESS: pytest.StashKey[bool] = pytest.StashKey()
-#: Why it computes, where its shape-only run failed: the first line of that failure.
-COMPUTING_BECAUSE: pytest.StashKey[str] = pytest.StashKey()
-#: While the test runs in a mode that is run again if it fails: "shape-only" (for want of
-#: values) or "guess" (computing on a guess).
-MAY_RUN_AGAIN: pytest.StashKey[str] = pytest.StashKey()
+__all__ = ["HELD_BACK", "NEEDS_VALUES_CACHE_KEY", "SHAPE_ONLY_CACHE_KEY", "ValuesOnDemand"]
 
 #: pytest's cache key of the test files that compute their values.
 NEEDS_VALUES_CACHE_KEY = "vram/needs_values"
@@ -87,44 +73,9 @@ _SHAPE_ONLY_ATTRIBUTE = "vram_shape_only"
 _CRASHED = "a shape-only run of this test took its process down in an earlier run"
 
 
-class RunAgain(BaseException):
-    """Ends a run that will be run again, at its first failing subtest: what the subtests after
-    it would report is the next run's. A BaseException, so that the test's ``except
-    Exception`` does not stop it."""
-
-
-def run_again(item: pytest.Item, exc: BaseException) -> bool:
-    """Whether the run of ``item`` whose subtest failed with ``exc`` ends there, to be run
-    again: shape-only for want of values (a memory verdict, a leak, the device's
-    out-of-memory are the same computing); computing on a guess, past the guess's budget. A
-    guess's run that fails otherwise goes on to its end: it may stand (see
-    :meth:`ValuesOnDemand.runtestprotocol`)."""
-    tried = item.stash.get(MAY_RUN_AGAIN, None)
-    if tried is None:
-        return False
-    if tried == "guess":
-        return is_out_of_memory(exc)
-    return not (isinstance(exc, LeakError) or is_out_of_memory(exc))
-
-
 def test_file_of(item: pytest.Item) -> str:
     """The test file of ``item``, as its node id names it."""
     return item.nodeid.split("::", 1)[0]
-
-
-def _failed_or_xfailed(reports: list[pytest.TestReport]) -> bool:
-    # An xfailed test failed too: computing, it may pass (and xpass).
-    return any(r.failed or (r.skipped and hasattr(r, "wasxfail")) for r in reports)
-
-
-def _first_failure_line(reports: list[pytest.TestReport]) -> str | None:
-    for report in reports:
-        if report.failed or hasattr(report, "wasxfail"):
-            text = str(report.longrepr or "").strip()
-            message = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
-            line = (message or text).strip().splitlines()
-            return line[0][:300] if line else None
-    return None
 
 
 class MeasuredTests(PlainTests, Protocol):
@@ -294,7 +245,7 @@ class ValuesOnDemand:
             computing = False
             reports = self._run(item, nextitem, False)
         if not computing and self._worth_another_mode(item, reports):
-            reason = _first_failure_line(reports)
+            reason = first_failure_line(reports)
             if guess_run is not None:
                 # Shape-only failed too: the guess was no worse, and its file stays on a guess.
                 reports = self._restore(item, guess_run, reason)
@@ -304,7 +255,7 @@ class ValuesOnDemand:
             else:
                 self._forget(item, saved)
                 reports = self._run(item, nextitem, True, reason)
-            if not _failed_or_xfailed(reports):
+            if not failed_or_xfailed(reports):
                 # The values were what the shape-only run lacked.
                 self.computing.add(module)
                 for report in reports:
@@ -333,7 +284,7 @@ class ValuesOnDemand:
         tests = self._tests
         if not tests.runs_plain(item):
             return reports
-        cause = _first_failure_line(reports)
+        cause = first_failure_line(reports)
         kept = self._set_aside(item, reports, saved)
         plain = run_plain(item, nextitem, tests)
         if not passed(plain):  # it fails anyway: the simulated run stands
@@ -444,7 +395,7 @@ class ValuesOnDemand:
         out-of-memory; an xfail on a guess is the outcome computing gives, as plain does."""
         held_failed = guessed and any(r.failed for r in self._held)
         failed = any(r.failed for r in reports) or held_failed
-        if not (failed if guessed else _failed_or_xfailed(reports)):
+        if not (failed if guessed else failed_or_xfailed(reports)):
             return False
         if held_failed:
             return True  # a subtest failed, which it may not in the other mode
