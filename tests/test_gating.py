@@ -270,15 +270,19 @@ BACKSTOP = """
 import torch
 from pytest_vram import max_vram
 
+# Plain, on a machine without a GPU, torch.cuda counts nothing; the simulated device counts.
 def test_plain():
-    assert not torch.cuda.is_available()
+    x = torch.ones(1000)
+    assert torch.cuda.memory_allocated() == 0
 
 @max_vram("1GiB")
 def test_marked():
-    assert not torch.cuda.is_available()
+    x = torch.ones(1000)
+    assert torch.cuda.memory_allocated() == 0
 
 def test_fixture(vram):
-    assert not torch.cuda.is_available()
+    x = torch.ones(1000)
+    assert torch.cuda.memory_allocated() == 0
 """
 
 
@@ -294,10 +298,54 @@ def test_a_test_that_fails_only_on_the_simulated_device_keeps_its_plain_outcome(
     result.stdout.fnmatch_lines(
         [
             "fails on the simulated device and passes without it (pytest -p no:vram): "
-            "AssertionError: assert not True",
+            "AssertionError: assert 4096 == 0",
             "pytest-vram: test_backstop.py::test_plain: its memory was not simulated: it fails "
-            "on the simulated device (AssertionError: assert not True) and passes without it",
+            "on the simulated device (AssertionError: assert 4096 == 0) and passes without it",
         ]
     )
     result.stdout.fnmatch_lines(["FAILED test_backstop.py::test_fixture - AssertionError*"])
     result.stdout.fnmatch_lines(["1 test not measured: they fail on the simulated device*"])
+
+
+CUDA_CHECKS = """
+import pytest
+import torch
+from torch import nn
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+def test_where_the_tensors_are():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(256, 256).to(device)
+    x = torch.ones(64, 256, device=device)
+    assert model(x).device.type == device
+    assert next(model.parameters()).device.type == device
+    assert x.is_cuda == (device == "cuda")
+
+def test_skips_itself():
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a GPU")
+
+@needs_cuda
+def test_cuda_only():
+    assert torch.ones(2, device="cuda").is_cuda
+
+def test_accelerator():
+    found = torch.accelerator.current_accelerator()
+    assert (found is not None) == torch.cuda.is_available()
+"""
+
+
+def test_a_test_simulated_only_because_every_test_is_gated_sees_the_machines_cuda(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_cuda_checks=CUDA_CHECKS)
+    pytester.runpytest("-p", "no:vram").assert_outcomes(passed=2, skipped=2)
+    data_file = pytester.path / "r.json"
+    result = pytester.runpytest(SIM, "--vram-report", "--vram-gate=all", f"--vram-json={data_file}")
+    # The branches plain pytest runs, measured on the simulated device all the same.
+    result.assert_outcomes(passed=2, skipped=2)
+    assert "its memory was not simulated" not in result.stdout.str()
+    tests = {test["nodeid"]: test for test in json.loads(data_file.read_text())["tests"]}
+    measured = tests["test_cuda_checks.py::test_where_the_tensors_are"]
+    assert measured["peak_allocated"] >= 256 * 256 * 4 + 64 * 256 * 4

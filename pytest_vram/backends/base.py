@@ -117,6 +117,12 @@ class Backend:
         why it computes, ``guess`` that it computes on a guess. The session tells every
         backend before each test; only the simulated device can run shape-only."""
 
+    def show_cuda(self, shown: bool) -> None:
+        """Whether the next test's code sees a CUDA device (``torch.cuda.is_available()``)
+        where the backend simulates one; where not (a test simulated only because every test
+        is gated), it sees the machine's answers, as without the plugin, and is measured all
+        the same. Only the simulated device has a device to show."""
+
     def own_reserved(self) -> int | None:
         """The running test's own reserved bytes; the device's (:meth:`reserved`) where the
         backend lays out no :attr:`own_segments`. A test's view reads it."""

@@ -163,7 +163,16 @@ class VramSession:
 
     def _begin(self, item: pytest.Item, marks: VramMarks) -> TestMeasurement:
         pool = self.pool
-        backend = backend_for(item, marks, pool, self.settings.backend)
+        opted_in = item.stash.get(OPTED_IN, True)
+        # A test simulated only because every test is gated runs the code paths it runs plain:
+        # it sees the machine's CUDA, unless the simulated device's is asked for everywhere.
+        backend = backend_for(
+            item,
+            marks,
+            pool,
+            self.settings.backend,
+            cuda_shown=opted_in or self.settings.sim_cuda_available,
+        )
         ranks = None
         if marks.world_size is not None:  # simulated ranks on sim, the real ones under torchrun
             from pytest_vram.backends.sim.ranks import ranks_for
@@ -171,7 +180,6 @@ class VramSession:
             ranks = ranks_for(item.nodeid, marks.world_size, backend)
         self._clean(backend)
         nodeid = item.nodeid
-        opted_in = item.stash.get(OPTED_IN, True)
         # A test that did not opt in keeps the random state plain pytest gives it, unless a
         # seed was asked for.
         seeded = self.seeder is not None and (opted_in or self.settings.seed_given)

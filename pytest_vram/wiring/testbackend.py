@@ -15,10 +15,13 @@ from pytest_vram.wiring.pool import BackendPool
 __all__ = ["backend_for"]
 
 
-def backend_for(item: pytest.Item, marks: VramMarks, pool: BackendPool, default: str) -> Backend:
+def backend_for(
+    item: pytest.Item, marks: VramMarks, pool: BackendPool, default: str, *, cuda_shown: bool
+) -> Backend:
     """The backend ``item`` runs on, ready for it; fails the test with a usage error when its
     markers are malformed or the backend cannot run here, skips it when the device is smaller
-    than its ``requires_vram``."""
+    than its ``requires_vram``. ``cuda_shown``: whether its code sees the simulated device's
+    CUDA (a test simulated only because every test is gated sees the machine's answers)."""
     try:
         if MARKER_ERROR in item.stash:
             raise item.stash[MARKER_ERROR]
@@ -37,6 +40,7 @@ def backend_for(item: pytest.Item, marks: VramMarks, pool: BackendPool, default:
         stash.get(COMPUTING_BECAUSE, None),
         guess=stash.get(ON_A_GUESS, False),
     )
+    backend.show_cuda(cuda_shown)
     if marks.required is not None:
         total = backend.total_memory()
         if total is not None and total < marks.required:

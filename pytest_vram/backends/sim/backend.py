@@ -121,6 +121,8 @@ class SimBackend(Backend):
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
         self.computing = False
+        #: Whether the next (or current) test's code sees the CUDA device (:meth:`show_cuda`).
+        self.cuda_shown = True
         self._counts_now = self._shape_only_counts()
         self._host_depth = 0
         self._active = False
@@ -172,6 +174,11 @@ class SimBackend(Backend):
         if self.host is not None:
             # Computing, host tensors are real CPU tensors made where the device counts nothing.
             self.host.uncounted = self.host_memory if computing else None
+
+    def show_cuda(self, shown: bool) -> None:
+        if self._active:
+            raise RuntimeError("what the simulated device shows changes between tests only")
+        self.cuda_shown = shown
 
     def _shape_only_counts(self) -> Callable[[torch.Tensor], bool]:
         return on_device if self.host is None else self._on_device

@@ -59,6 +59,10 @@ class SimulatedDevice(Protocol):
 
     def counted(self, tensor: torch.Tensor) -> bool: ...
 
+    #: Whether the running test's code sees a CUDA device (``torch.cuda.is_available()``);
+    #: where not, the device queries answer as the machine does, and memory is still counted.
+    cuda_shown: bool
+
 
 @dataclass(frozen=True)
 class SimulatedDeviceProperties:
@@ -243,6 +247,22 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
     ``random`` modules and ``torch.accelerator``, for the simulated device ``dev``."""
     cuda = torch.cuda
     memory = torch.cuda.memory
+    # The machine's own answers, for a test that is not shown the device (taken while nothing
+    # is installed: the replacements are made once, before the first test).
+    machine_available, machine_count = cuda.is_available, cuda.device_count
+    accelerator = getattr(torch, "accelerator", None)
+    machine_accelerator = getattr(accelerator, "current_accelerator", None)
+
+    def is_available() -> bool:
+        return True if dev.cuda_shown else machine_available()
+
+    def device_count() -> int:
+        return 1 if dev.cuda_shown else machine_count()
+
+    def current_accelerator(check_available: bool = False) -> torch.device | None:
+        if dev.cuda_shown or machine_accelerator is None:
+            return torch.device("cuda")
+        return machine_accelerator(check_available)
 
     # The GPU model simulated decides the capability code checks (9.0 by default).
     capability = getattr(dev, "gpu", None)
@@ -310,8 +330,8 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
         return 1.0 if capacity is None else capacity / dev.device_total()
 
     functions: dict[str, Callable] = {
-        "is_available": lambda: True,
-        "device_count": lambda: 1,
+        "is_available": is_available,
+        "device_count": device_count,
         "current_device": lambda: 0,
         "set_device": lambda device: None,
         "synchronize": lambda device=None: None,
@@ -359,19 +379,14 @@ def cuda_replacements(dev: SimulatedDevice) -> Iterator[tuple[object, str, objec
             if module is not None and name in module.__dict__:
                 yield module, name, value
 
-    accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
-        yield accelerator, "is_available", lambda: True
-        yield accelerator, "device_count", lambda: 1
+        yield accelerator, "is_available", is_available
+        yield accelerator, "device_count", device_count
         yield accelerator, "current_device_index", lambda: 0
         yield accelerator, "set_device_index", lambda device: None
         yield accelerator, "synchronize", lambda device=None: None
         yield accelerator, "current_stream", lambda device=None: _STREAM
-        yield (
-            accelerator,
-            "current_accelerator",
-            lambda check_available=False: torch.device("cuda"),
-        )
+        yield accelerator, "current_accelerator", current_accelerator
         accelerator_memory = {
             "empty_cache": empty_cache,
             "memory_allocated": functions["memory_allocated"],
