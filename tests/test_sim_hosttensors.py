@@ -12,6 +12,7 @@ import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,6 +140,32 @@ def test_a_step_agrees_shape_only_and_computing() -> None:
             peaks.append((sim.peak_allocated(), sim.allocated()))
             del model, optimizer, batch
     assert peaks[0] == peaks[1]
+
+
+def _forward_keeps(sim: SimBackend, hooks: contextlib.AbstractContextManager[Any]) -> int:
+    """The device bytes an 8-layer forward keeps for backward, and a backward that runs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(8)]).to("cuda")
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    before = sim.allocated()
+    with hooks:
+        loss = model(x).square().sum()
+    kept = sim.allocated() - before
+    loss.backward()
+    assert model[0].weight.grad is not None and x.grad is not None
+    return kept
+
+
+def test_activations_saved_on_the_host_are_not_device_memory(sim: SimBackend) -> None:
+    # save_on_cpu's pack hook runs inside the op that saves a tensor: its pinned host copy is
+    # host memory there too, shape-only and computing, and backward copies each back.
+    kept = _forward_keeps(sim, contextlib.nullcontext())
+    on_host = _forward_keeps(sim, torch.autograd.graph.save_on_cpu(pin_memory=True))
+    # Kept for backward: seven layers' inputs and the last one's output (square saves it),
+    # 128 x 256 floats each; the input and the weights were on the device before.
+    activations = 8 * 128 * 256 * 4
+    assert kept - on_host == activations
+    assert on_host == 512  # the loss: every tensor saved for backward is on the host
 
 
 @pytest.mark.slow
@@ -287,3 +314,33 @@ def test_an_unknown_setting_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(
         ["*vram_sim_host_tensors = 'elsewhere': expected one of device, host*"]
     )
+
+
+SAVED_ON_CPU = """
+import torch
+from torch import nn
+
+def test_activations_on_the_host(vram):
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)]).cuda()
+    x = torch.randn(256, 512, device="cuda")
+    with torch.no_grad():
+        model(x)  # the first matrix multiply's cuBLAS workspace
+    before = torch.cuda.memory_allocated()
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        loss = model(x).sum()
+    # Only the loss: every activation saved for backward waits on the host.
+    assert torch.cuda.memory_allocated() - before == 512
+    loss.backward()
+    assert model[0].weight.grad.shape == (512, 512)
+"""
+
+
+@pytest.mark.parametrize("compute", ["never", "always"])
+def test_save_on_cpu_keeps_the_activations_off_the_device(
+    pytester: pytest.Pytester, compute: str
+) -> None:
+    pytester.makepyfile(test_saved=SAVED_ON_CPU)
+    result = pytester.runpytest(
+        "--vram-backend=sim", "--vram-sim-host-tensors=host", f"--vram-sim-compute={compute}"
+    )
+    result.assert_outcomes(passed=1)

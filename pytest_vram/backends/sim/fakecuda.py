@@ -64,6 +64,7 @@ from pytest_vram.backends.sim.remapmode import (
     HostCudaRemapMode,
     special_methods,
 )
+from pytest_vram.backends.sim.savedhooks import hooks_under
 from pytest_vram.backends.sim.torchcuda import SimulatedDevice, cuda_replacements, record_stream
 from pytest_vram.backends.sim.torchscript import shape_only_replacements as no_torchscript
 from pytest_vram.importhook import PatchOnImport
@@ -304,3 +305,9 @@ class VirtualCuda:
         # Pinning needs a CUDA runtime; a DataLoader's pinning thread does not see the
         # function mode that makes Tensor.pin_memory a no-op.
         yield pin_memory_module, "pin_memory", _pin_nothing
+        yield from hooks_under(self._function_mode)
+
+    def _function_mode(self) -> Any:
+        """The function mode the running test is under; None where devices are remapped below
+        Python."""
+        return None if self._remapping_below else self._mode
