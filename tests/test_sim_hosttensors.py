@@ -51,9 +51,9 @@ def test_a_tensor_made_without_a_device_is_host_memory(sim: SimBackend) -> None:
     assert sim.allocated() == 0
     on_device = torch.zeros(1024, device="cuda")
     assert sim.allocated() == 4096
-    # The simulated device's own name is cpu (its vram.device): naming it is naming the device.
+    # Naming the host is the host, as on a GPU.
     named = torch.zeros(1024, device="cpu")
-    assert sim.allocated() == 2 * 4096
+    assert sim.allocated() == 4096
     del host, pinned, on_device, named
 
 
@@ -81,11 +81,12 @@ def test_made_like_a_host_tensor_is_on_the_host(sim: SimBackend) -> None:
 
 
 @pytest.mark.parametrize("default", ["cuda", "cpu"])
-def test_a_default_device_makes_device_tensors(sim: SimBackend, default: str) -> None:
+def test_a_default_device_makes_its_tensors(sim: SimBackend, default: str) -> None:
     with torch.device(default):
         inside = torch.zeros(1024)
         layer = nn.Linear(32, 32, bias=False)
-    assert sim.allocated() == 4096 + 4096
+    assert sim.allocated() == (4096 + 4096 if default == "cuda" else 0)
+    assert inside.device.type == layer.weight.device.type == default
     del inside, layer
 
 
@@ -96,19 +97,24 @@ def test_moving_a_host_tensor_copies_it_to_the_device(sim: SimBackend) -> None:
         host.to("cuda"),
         host.to(device="cuda:0"),
         host.to(torch.device("cuda"), non_blocking=True),
-        host.to("cpu"),  # the simulated device's own name
+        host.to(0),
     ]
     assert all(tensor is not host for tensor in moved)
     assert sim.allocated() == 5 * 4096
-    # On the device already: moving it again is the tensor itself, as on CUDA.
+    # Where it is already: moving it again is the tensor itself, as on CUDA.
     assert moved[0].to("cuda") is moved[0]
     assert moved[0].cuda() is moved[0]
+    assert host.to("cpu") is host and host.cpu() is host
     half = host.to("cuda", torch.float16)
     assert sim.allocated() == 5 * 4096 + 2048
     # A dtype alone keeps it on the host.
     host.to(torch.float16)
     assert sim.allocated() == 5 * 4096 + 2048
-    del moved, half
+    # Back to the host: a host copy, which the device does not count.
+    back = [moved[0].cpu(), moved[0].to("cpu"), moved[0].to(host)]
+    assert all(tensor is not moved[0] for tensor in back)
+    assert sim.allocated() == 5 * 4096 + 2048
+    del moved, half, back
 
 
 def test_a_model_built_on_the_host_is_on_the_device_after_to(sim: SimBackend) -> None:

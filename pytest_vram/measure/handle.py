@@ -47,7 +47,8 @@ class VramHandle:
 
     @property
     def device(self) -> torch.device:
-        """Where to put tensors: ``cuda:N`` on the cuda backend, ``cpu`` on cpu and sim."""
+        """Where to put tensors: ``cuda:N`` on the cuda backend, ``cpu`` on cpu and sim, and
+        ``cuda:0`` on sim where host tensors are kept on the host."""
         return self._measurement.backend.device
 
     @property

@@ -118,6 +118,9 @@ class SimBackend(Backend):
         #: With ``host_tensors="host"``, the tensors a test keeps on the host, which the device
         #: does not count; None where they are the device's.
         self.host = HostTensors(self.counted) if host_tensors == "host" else None
+        if self.host is not None:
+            # The host is cpu, and the test's code sees the device as cuda (vram.device).
+            self.device = torch.device("cuda", 0)
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
         self.computing = False

@@ -43,6 +43,7 @@ import torch.amp.grad_scaler
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim import optimizer as torch_optimizer
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device
 from torch.utils.data._utils import pin_memory as pin_memory_module
 
@@ -59,6 +60,7 @@ from pytest_vram.backends.sim.memhistory import MemoryHistory
 from pytest_vram.backends.sim.moduleapply import module_apply
 from pytest_vram.backends.sim.ops import trunc_normal_decided
 from pytest_vram.backends.sim.patches import PatchSet
+from pytest_vram.backends.sim.presenting import presented_devices
 from pytest_vram.backends.sim.remapmode import (
     CudaRemapMode,
     HostCudaRemapMode,
@@ -78,12 +80,21 @@ _MISSING = object()
 def _device_context_torch_function(
     self: Any, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
 ) -> Any:
-    # torch.device("cuda") as a context manager sits at the bottom of the function-mode stack
-    # and adds its device after every other mode has run: remap it here.
+    # torch.device("cuda") as a context manager adds its device to a factory's call. Entered
+    # in the test, above the remapping mode, the mode then sees the device named; a default
+    # device set before the test sits below the mode, and adds it after the mode has run:
+    # remapped here.
     kwargs = kwargs or {}
     if func in _device._device_constructors() and kwargs.get("device") is None:
-        kwargs["device"] = _CPU if self.device.type == "cuda" else self.device
+        device = self.device
+        if device.type == "cuda" and not _remapped_below(_get_current_function_mode_stack()):
+            device = _CPU
+        kwargs["device"] = device
     return func(*args, **kwargs)
+
+
+def _remapped_below(stack: list[Any]) -> bool:
+    return any(isinstance(mode, CudaRemapMode) for mode in stack)
 
 
 def _grad_scaler_step(
@@ -140,6 +151,15 @@ class VirtualCuda:
         }
         self._mode = self._modes[False]
         self._host_memory = host_memory
+        #: Host tensors kept on the host: the test's code sees where each tensor is.
+        self._presented = (
+            {}
+            if host is None
+            else {
+                computing: list(presented_devices(mode.on_device))
+                for computing, mode in self._modes.items()
+            }
+        )
         # Computing on a build without CUDA: devices are remapped below Python (cudaremap).
         self._below_python: bool | None = None
         self._remapping_below = False
@@ -165,6 +185,8 @@ class VirtualCuda:
             self._patches.replace_all(self._replacements_for(computing))
             # Tensor only inherits it, from a class of C that cannot be patched.
             self._patches.shadow(torch.Tensor, "record_stream", record_stream)
+            for owner, name, value in self._presented.get(computing, ()):
+                self._patches.shadow(owner, name, value)
             self._host_scalars.start()
             self._inductor.start()
             if not computing:

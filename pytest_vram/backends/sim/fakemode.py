@@ -150,6 +150,8 @@ class SimFakeTensorMode(FakeTensorMode):
         #: The tensors the test keeps on the host, which the device does not count.
         self._host = host
         self._depth = 0
+        #: Above 0 while an op is dispatched here, where fake tensors show their own device.
+        self.dispatching = 0
         #: What is known of the fake tensors' values without computing them.
         self.known = KnownValues()
         #: How a cached op's output is made here without FakeTensor's constructor.
@@ -312,16 +314,24 @@ class SimFakeTensorMode(FakeTensorMode):
             # Three ops in five: a fake tensor's device, asked from C++, answered as
             # FakeTensorMode answers it.
             return _device_of(args)
+        self.dispatching += 1
+        try:
+            return self._dispatch_op(func, types, args, kwargs)
+        finally:
+            self.dispatching -= 1
+
+    def _dispatch_op(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        # The frame two up is the op's caller (the autograd engine's, for gradient sums).
         if func is _LOCAL_SCALAR:
             # .item(), bool(t): a value known without computing is the value a real run reads.
             value = self.known.item(args[0])
             if value is not None:
                 return value
-        elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
+        elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(2)):
             func = _ADD_IN_PLACE  # the autograd engine's gradient sum, in place as on CUDA
         elif func in IN_PLACE_SCATTERS:
             # A derivative formula filling its fresh zeros, in place as on CUDA.
-            func = scattered_in_place(func, sys._getframe(1)) or func
+            func = scattered_in_place(func, sys._getframe(2)) or func
         # ``types``: the subclasses among the arguments, FakeTensor alone for nearly every op.
         only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
         if not only_fakes and _other_subclass(func, args, kwargs):

@@ -12,11 +12,12 @@ every tensor is a ``cpu`` tensor (fake, or computing real), so it tells the two 
 - a call whose tensor arguments are all host tensors makes host tensors (what a function
   makes inside, its temporaries included, is on its arguments' device), and shape-only so does
   an op that only host tensors reach (autograd's backward of a host computation);
-- a call that names a device (``device="cuda"``, ``.cuda()``, ``.to("cuda")``, and, since the
-  ``vram.device`` of the simulated device is ``cpu``, ``device="cpu"`` and ``.to("cpu")`` too)
-  makes device tensors, and moving a host tensor so copies it; only ``device="cpu"`` in a call
-  whose tensor arguments are all host tensors (``torch.zeros_like(p, device=p.device)``) is
-  the host.
+- a call that names the host (``device="cpu"``, ``.cpu()``, ``.to("cpu")``) makes host
+  tensors, and one that names the device (``device="cuda"``, ``.cuda()``, ``.to("cuda")``)
+  makes device tensors; moving a tensor from one to the other copies it, as a GPU does.
+
+The test's code sees where each tensor is (:mod:`~pytest_vram.backends.sim.presenting`): a
+device tensor answers ``cuda:0``, a host tensor ``cpu``; ``vram.device`` is ``cuda``.
 
 A host tensor's storage carries a mark; the device does not count a marked storage. Calls are
 placed by :class:`~pytest_vram.backends.sim.remapmode.HostCudaRemapMode`, ops by the fake mode
@@ -41,6 +42,7 @@ __all__ = ["HostTensors"]
 _MARK = "_pytest_vram_host"
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_CUDA = torch.Tensor.cuda
+_TENSOR_CPU = torch.Tensor.cpu
 
 
 class _Live:
@@ -123,30 +125,31 @@ class HostTensors:
                 return True
             device = kwargs.get("device")
             if device is not None:
-                # device="cpu" beside host tensors only (zeros_like(p, device=p.device) of a
-                # host p) is the host; elsewhere a device named is the simulated device.
-                return bool(
-                    func is not _TENSOR_TO
-                    and self._live.count
-                    and not is_cuda_device(device)
-                    and self._all_host(args, kwargs)
-                )
+                return not is_cuda_device(device)
         if func in self._factories and not _any_tensor(args):  # torch.tensor(t): t's device
             return None if _default_device_set() else True
-        if func is _TENSOR_CUDA or (
-            func is _TENSOR_TO and len(args) > 1 and self._names_device(args[1])
-        ):
+        if func is _TENSOR_CUDA:
             return False
+        if func is _TENSOR_CPU:
+            return True
+        if func is _TENSOR_TO and len(args) > 1:
+            named = self.names_host(args[1])
+            if named is not None:
+                return named
         if self._live.count:
             return self._all_host(args, kwargs)
         return None
 
-    def _names_device(self, arg: Any) -> bool:
+    def names_host(self, arg: Any) -> bool | None:
+        """Whether ``arg``, the first argument of ``Tensor.to`` after the tensor, names the
+        host (True) or the device (False); None where it names no device (a dtype)."""
         if isinstance(arg, torch.Tensor):  # x.to(other): other's device
-            return not self.is_host(arg)
-        return isinstance(arg, (str, torch.device)) or (
-            isinstance(arg, int) and not isinstance(arg, bool)
-        )
+            return self.is_host(arg) or not self._counted(arg)
+        if isinstance(arg, (str, torch.device)):
+            return not is_cuda_device(arg)
+        if isinstance(arg, int) and not isinstance(arg, bool):
+            return False  # a bare index is a CUDA device
+        return None
 
     def _all_host(self, args: tuple, kwargs: dict | None) -> bool | None:
         """True when the tensors among the arguments are all on the host; None when there are

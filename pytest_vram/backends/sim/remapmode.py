@@ -37,43 +37,21 @@ _CPU = torch.device("cpu")
 
 
 def _tensor_to(
-    on_device: Callable[[torch.Tensor], bool],
-    is_host: Callable[[torch.Tensor], bool],
-    func: Callable,
-    args: tuple,
-    kwargs: dict,
+    on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple, kwargs: dict
 ) -> Any:
-    to_cuda = to_cpu = False
-    if len(args) > 1:
-        if is_cuda_device(args[1]):
-            args = (args[0], _CPU, *args[2:])
-            to_cuda = True
-        elif isinstance(args[1], torch.Tensor):  # x.to(other): to other's device
-            to_cpu = not is_host(args[1])
-        else:
-            to_cpu = _is_cpu_device(args[1])
+    to_cuda = False
+    if len(args) > 1 and is_cuda_device(args[1]):
+        args = (args[0], _CPU, *args[2:])
+        to_cuda = True
     device = kwargs.get("device")
-    if device is not None:
-        if is_cuda_device(device):
-            kwargs["device"] = _CPU
-            to_cuda = True
-        else:
-            to_cpu = _is_cpu_device(device)
-    # A host tensor (one made before the simulation, or kept on the host by the test) moves to
-    # the device: a new, counted copy. The simulated device's own name is "cpu".
-    if len(args) < 5 and ((to_cuda and not on_device(args[0])) or (to_cpu and is_host(args[0]))):
+    if device is not None and is_cuda_device(device):
+        kwargs["device"] = _CPU
+        to_cuda = True
+    # A tensor made before the simulation moves to the device: a new, counted copy. The
+    # simulated device's own name is "cpu".
+    if to_cuda and len(args) < 5 and not on_device(args[0]):
         kwargs.setdefault("copy", True)
     return func(*args, **kwargs)
-
-
-def _is_cpu_device(device: object) -> bool:
-    if isinstance(device, torch.device):
-        return device.type == "cpu"
-    return isinstance(device, str) and (device == "cpu" or device.startswith("cpu:"))
-
-
-def _never(tensor: torch.Tensor) -> bool:
-    return False
 
 
 def _not_on(
@@ -101,6 +79,40 @@ def _tensor_cuda(
     )
 
 
+def _tensor_to_placed(
+    on_device: Callable[[torch.Tensor], bool],
+    names_host: Callable[[Any], bool | None],
+    func: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    """``Tensor.to`` where host tensors are kept on the host: a move between the host and
+    the device copies, as on a GPU."""
+    to_host = names_host(args[1]) if len(args) > 1 else None
+    if len(args) > 1 and isinstance(args[1], torch.Tensor):
+        # x.to(other) is x.to(other.device, other.dtype): by device, for PyTorch would read
+        # the device other shows the test.
+        args = (args[0], _CPU, args[1].dtype, *args[2:])
+    elif len(args) > 1 and is_cuda_device(args[1]):
+        args = (args[0], _CPU, *args[2:])
+    device = kwargs.get("device")
+    if device is not None:
+        to_host = not is_cuda_device(device)
+        kwargs["device"] = _CPU
+    if to_host is not None and len(args) < 5 and on_device(args[0]) == to_host:
+        kwargs.setdefault("copy", True)
+    return func(*args, **kwargs)
+
+
+def _tensor_cpu(on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple,
+                kwargs: dict) -> Any:  # fmt: skip
+    tensor = args[0]
+    if on_device(tensor):  # a copy on the host, as a GPU's tensor.cpu() makes
+        memory_format = kwargs.get("memory_format", torch.preserve_format)
+        return tensor.to(_CPU, copy=True, memory_format=memory_format)
+    return func(*args, **kwargs)
+
+
 def _tensor_format(func: Callable, args: tuple, kwargs: dict) -> Any:
     # f"{loss:.4f}" reads the value, as it does on a real tensor: a constant formats, anything
     # else raises FakeTensorMode's "needs values" error rather than a TypeError.
@@ -122,16 +134,13 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
-def special_methods(
-    on_device: Callable[[torch.Tensor], bool], is_host: Callable[[torch.Tensor], bool] = _never
-) -> dict[Callable, Callable]:
+def special_methods(on_device: Callable[[torch.Tensor], bool]) -> dict[Callable, Callable]:
     """The tensor methods whose meaning on the simulated device is not a copy to the CPU, each
     with its replacement (called with the original, the arguments and the keyword arguments);
-    ``on_device`` tells a tensor already on the device, ``is_host`` one the test keeps on the
-    host (which ``.to("cpu")`` copies to the device)."""
+    ``on_device`` tells a tensor already on the device."""
     tensor = torch.Tensor
     return {
-        tensor.to: functools.partial(_tensor_to, on_device, is_host),
+        tensor.to: functools.partial(_tensor_to, on_device),
         tensor.cuda: functools.partial(_tensor_cuda, on_device),
         tensor.__format__: _tensor_format,
         # Pinned host memory needs a CUDA runtime; on the simulated device it is plain memory.
@@ -170,6 +179,9 @@ class CudaRemapMode(TorchFunctionMode):
         ):
             with self._host_memory():  # type: ignore[misc]
                 return func(*args, **(kwargs or {}))
+        special = self._special.get(func)
+        if special is not None:  # each reads the device it is given itself
+            return special(func, args, dict(kwargs) if kwargs else {})
         if kwargs:
             device = kwargs.get("device")
             if device is not None and is_cuda_device(device):
@@ -178,9 +190,6 @@ class CudaRemapMode(TorchFunctionMode):
                 kwargs = {**kwargs, "pin_memory": False}
         else:
             kwargs = {}
-        special = self._special.get(func)
-        if special is not None:
-            return special(func, args, dict(kwargs))
         policy = self._autocast.get(func)
         if policy is not None and real_is_autocast_enabled("cpu"):
             return autocast_call(policy, func, args, dict(kwargs))
@@ -199,8 +208,14 @@ class HostCudaRemapMode(CudaRemapMode):
     ) -> None:
         super().__init__(on_device, **options)
         self._host = host
-        # A host tensor is not on the device, and .to("cpu") copies it there.
-        self._special = special_methods(_not_on(host.is_host, on_device), host.is_host)
+        #: Whether a tensor is on the device: not one the test keeps on the host.
+        self.on_device = on_device = _not_on(host.is_host, on_device)
+        tensor = torch.Tensor
+        self._special = {
+            **special_methods(on_device),
+            tensor.to: functools.partial(_tensor_to_placed, on_device, host.names_host),
+            tensor.cpu: functools.partial(_tensor_cpu, on_device),
+        }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         host = self._host.placement(func, args, kwargs)

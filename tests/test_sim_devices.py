@@ -1,0 +1,123 @@
+"""Where a tensor is, as a test's code sees it on the simulated device with host tensors kept on
+the host (``--vram-sim-host-tensors=host``): ``cuda:0`` for what is on the device, ``cpu`` for
+the host, shape-only and computing, as on a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from simulated_device import simulated
+from torch import nn
+
+from pytest_vram.backends.sim.backend import SimBackend
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=[False, True], ids=["shape-only", "computing"])
+def sim(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
+    with simulated(request.param, host_tensors="host") as backend:
+        yield backend
+
+
+def test_a_tensor_on_the_device_answers_cuda(sim: SimBackend) -> None:
+    x = torch.ones(4, device="cuda")
+    assert (x.device, x.is_cuda, x.get_device()) == (CUDA, True, 0)
+    assert (x * 2).device == CUDA  # what is computed from it too
+    assert torch.zeros(4, device=x.device).device == CUDA
+    host = torch.ones(4)
+    assert (host.device, host.is_cuda, host.get_device()) == (CPU, False, -1)
+    assert (host + 1).device == CPU
+    assert "device='cuda:0'" in repr(torch.zeros(2, device="cuda"))
+
+
+def test_a_module_moved_to_cuda_has_its_parameters_there(sim: SimBackend) -> None:
+    model = nn.Linear(8, 8)
+    assert next(model.parameters()).device == CPU
+    model.to("cuda")
+    assert {p.device for p in model.parameters()} == {CUDA}
+    out = model(torch.ones(2, 8).cuda())
+    assert out.device == CUDA
+    out.sum().backward()
+    assert model.weight.grad.device == CUDA
+    model.cpu()
+    assert {p.device for p in model.parameters()} == {CPU}
+
+
+def test_moving_back_to_the_host_makes_a_host_copy(sim: SimBackend) -> None:
+    x = torch.ones(1024, device="cuda")
+    counted = sim.allocated()
+    for back in (x.cpu(), x.to("cpu"), x.to(torch.ones(1)), x.to(device="cpu")):
+        assert back.device == CPU and back is not x
+    assert sim.allocated() == counted  # the host copies are not the device's
+    assert x.device == CUDA  # and the tensor itself stays where it was
+
+
+def test_device_comparisons_follow_the_devices(sim: SimBackend) -> None:
+    x = torch.ones(3, device="cuda")
+    assert x.device == torch.device("cuda") or x.device == torch.device("cuda:0")
+    assert x.device.type == "cuda" and x.device.index == 0
+    assert x.to(torch.float16).device == CUDA
+    assert torch.ones(3).to(x).device == CUDA  # x.to(other): other's device
+    with torch.device("cuda"):
+        assert torch.zeros(2).device == CUDA
+
+
+def test_a_computed_result_compares_with_the_hosts_expectation() -> None:
+    with simulated(True, host_tensors="host"):
+        expected = torch.arange(4.0) * 2  # on the host
+        out = (torch.arange(4.0, device="cuda") * 2).cpu()
+        torch.testing.assert_close(out, expected)
+        with pytest.raises(AssertionError, match="device"):  # as on a GPU
+            torch.testing.assert_close(out.cuda(), expected)
+
+
+CAUSE = """
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.max_vram("1GiB")
+
+def test_where_the_tensors_are():
+    assert torch.cuda.is_available()
+    model = nn.Linear(64, 64).to("cuda")
+    x = torch.randn(8, 64, device="cuda")
+    assert next(model.parameters()).device == torch.device("cuda:0")
+    out = model(x)
+    assert out.is_cuda and out.get_device() == 0
+    assert out.device.type == "cuda"
+    assert not out.cpu().is_cuda
+
+def test_values_against_the_host():
+    x = torch.arange(6.0).reshape(2, 3)
+    y = (x.cuda() * 3).cpu()
+    assert y.device.type == "cpu"
+    torch.testing.assert_close(y, x * 3)
+    assert y.sum().item() == 45.0
+
+def test_a_parameter_check_before_a_forward():
+    model = nn.Linear(4, 4).cuda()
+    # As DataParallel checks its module before it scatters the inputs.
+    source = torch.device("cuda", torch.cuda.current_device())
+    assert all(t.device == source for t in model.parameters())
+"""
+
+
+@pytest.mark.parametrize("compute", ["auto", "always"])
+def test_an_opted_in_test_that_checks_its_devices_passes(
+    pytester: pytest.Pytester, compute: str
+) -> None:
+    pytester.makepyfile(test_cause=CAUSE)
+    result = pytester.runpytest(
+        "--vram-backend=sim",
+        "--vram-sim-host-tensors=host",
+        f"--vram-sim-compute={compute}",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=3)
+    assert "passes without the simulated device" not in result.stdout.str()
