@@ -75,6 +75,18 @@ def test_a_computed_result_compares_with_the_hosts_expectation() -> None:
             torch.testing.assert_close(out.cuda(), expected)
 
 
+def test_a_compiled_model_is_one_graph_on_the_device(sim: SimBackend) -> None:
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+    counter = torch._dynamo.testing.CompileCounter()
+    out = torch.compile(model, backend=counter)(torch.ones(4, 64, device="cuda"))
+    # Dynamo compiles on the tensors' own devices, and the graph's outputs are the device's.
+    assert (counter.frame_count, out.device) == (1, CUDA)
+    assert torch.compile(torch.sin)(torch.ones(8, device="cuda")).cpu().device == CPU
+
+
 CAUSE = """
 import pytest
 import torch

@@ -8,9 +8,10 @@ on the device answers ``x.device == torch.device("cuda", 0)``, ``x.is_cuda`` and
 that moves a module with ``.to("cuda")`` finds its parameters on ``cuda:0``, compares a
 result moved back with ``.cpu()`` against a host tensor, or runs DataParallel's device check.
 
-Only Python reads these answers: kernels see the ``cpu`` tensors they compute on, and while
-the fake mode dispatches an op a fake tensor answers its own device, which FakeTensorMode
-relies on.
+Only Python reads these answers: kernels see the ``cpu`` tensors they compute on; while the
+fake mode dispatches an op a fake tensor answers its own device, which FakeTensorMode relies
+on, and so does every tensor while ``torch.compile`` compiles (Dynamo makes fake tensors of
+its own from what it reads), whose graph then runs on the simulated device as eager code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
+from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = ["CUDA", "presented_devices"]
@@ -27,6 +29,7 @@ _CPU = "cpu"
 _TENSOR_DEVICE = torch._C.TensorBase.device
 _TENSOR_GET_DEVICE = torch._C.TensorBase.get_device
 _FAKE_DEVICE = FakeTensor.device
+_compile_context = CompileContext.try_get
 
 
 def presented_devices(
@@ -37,14 +40,18 @@ def presented_devices(
 
     def device(self: torch.Tensor) -> torch.device:
         found = _TENSOR_DEVICE.__get__(self)
-        if found.type == _CPU and on_device(self):
+        if found.type == _CPU and on_device(self) and _compile_context() is None:
             return CUDA
         return found
 
     def fake_device(self: FakeTensor) -> torch.device:
         found = _FAKE_DEVICE.__get__(self)
         # Inside its dispatch the fake mode itself is asking.
-        if found.type != _CPU or getattr(self.fake_mode, "dispatching", 1):
+        if (
+            found.type != _CPU
+            or getattr(self.fake_mode, "dispatching", 1)
+            or _compile_context() is not None
+        ):
             return found
         return CUDA if on_device(self) else found
 

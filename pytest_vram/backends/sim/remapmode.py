@@ -34,6 +34,7 @@ from pytest_vram.backends.sim.hosttensors import HostTensors
 __all__ = ["CudaRemapMode", "HostCudaRemapMode", "special_methods"]
 
 _CPU = torch.device("cpu")
+_compiling = torch.compiler.is_compiling
 
 
 def _tensor_to(
@@ -218,7 +219,9 @@ class HostCudaRemapMode(CudaRemapMode):
         }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        host = self._host.placement(func, args, kwargs)
+        # Dynamo traces a function mode into its graph: the placement, which reads storages
+        # and the mode stack, is left to the ops the graph runs.
+        host = None if _compiling() else self._host.placement(func, args, kwargs)
         if host is None:  # nearly every call
             return _remap(self, func, types, args, kwargs)
         return self._host.run_placed(host, lambda: _remap(self, func, types, args, kwargs))
