@@ -222,6 +222,38 @@ def test_a_model_that_runs_only_compiled_has_its_parameters_categorised() -> Non
     assert result["categories"]["gradients"] == params
 
 
+def test_a_compiled_module_under_the_breakdowns_hooks_warns_of_no_global_hook() -> None:
+    import warnings
+
+    from pytest_vram.attribution.breakdown import PeakBreakdown
+
+    backend = SimBackend()
+    backend.begin_test()
+    breakdown = PeakBreakdown(backend.tracker, modules=True)
+    breakdown.start()
+    try:
+        torch._dynamo.reset()
+        model = torch.compile(nn.Linear(4, 4).cuda(), backend="eager")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the breakdown's own global hooks: no warning
+            model(torch.ones(2, 4, device="cuda"))
+        # A global hook of the test's own is one that fires an extra time: torch says so.
+        handle = nn.modules.module.register_module_forward_hook(lambda *args: None)
+        try:
+            with pytest.warns(UserWarning, match="global hooks"):
+                model(torch.ones(2, 4, device="cuda"))
+        finally:
+            handle.remove()
+        result = breakdown.result(backend.peak_allocated())
+    finally:
+        breakdown.stop()
+        backend.end_test()
+    assert result["categories"]["parameters"] == sum(
+        backend.storage_bytes(p) or 0 for p in model.parameters()
+    )
+    assert not nn.modules.module._has_any_global_hook()
+
+
 # Each cause in a test of its own, as a suite has them: every test passes under plain pytest.
 # The compiled ones read no values, so that they run shape-only in a file of their own.
 COMPILED = """

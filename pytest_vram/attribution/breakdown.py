@@ -97,6 +97,10 @@ def _never() -> bool:
     return False
 
 
+def _nothing() -> None:
+    pass
+
+
 class _GlobalHooks:
     """The global module and optimizer hooks of the breakdowns that listen now.
 
@@ -111,6 +115,7 @@ class _GlobalHooks:
         self._handles: list[Any] = []
         self._held = False
         self._compiling: Callable[[], bool] = _never
+        self._restore_ask: Callable[[], None] = _nothing
 
     def attach(self, breakdown: PeakBreakdown) -> None:
         if not self._handles:
@@ -120,6 +125,11 @@ class _GlobalHooks:
 
             self._compiling = torch.compiler.is_compiling
 
+            # torch.compile(module) warns that global hooks fire an extra time for its
+            # wrapper: these take the wrapper for its module, so only others' hooks count.
+            asks = nn_module._has_any_global_hook
+            nn_module._has_any_global_hook = self._others_have_global_hooks
+            self._restore_ask = lambda: setattr(nn_module, "_has_any_global_hook", asks)
             self._handles = [
                 nn_module.register_module_forward_pre_hook(self._pre_forward),
                 nn_module.register_module_forward_hook(self._post_forward, always_call=True),
@@ -146,6 +156,23 @@ class _GlobalHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        restore, self._restore_ask = self._restore_ask, _nothing
+        restore()
+
+    def _others_have_global_hooks(self) -> bool:
+        from torch.nn.modules import module as nn_module
+
+        ours = (self._pre_forward, self._post_forward)
+        return any(
+            hook not in ours
+            for hooks in (
+                nn_module._global_backward_pre_hooks,
+                nn_module._global_backward_hooks,
+                nn_module._global_forward_pre_hooks,
+                nn_module._global_forward_hooks,  # the flags' tables hold no hooks
+            )
+            for hook in hooks.values()
+        )
 
     # Inside a graph torch.compile traces, the hooks do nothing: traced, they would end up in
     # the graph or break it, and the compiled code runs without them. The wrapper that
