@@ -4,6 +4,8 @@ factory, lazy modules, and torch.compile under the counting dispatch mode."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
@@ -201,38 +203,38 @@ def test_compiling_leaves_cudas_autocast_dtype_as_it_was() -> None:
         assert torch.get_autocast_dtype("cuda") == before
 
 
-def test_a_model_that_runs_only_compiled_has_its_parameters_categorised() -> None:
+@contextlib.contextmanager
+def _broken_down(modules: bool) -> Iterator[tuple[SimBackend, dict[str, Any]]]:
+    """A shape-only test whose peak is broken down, as attribution does; the breakdown's
+    result is in the dict once the block ends."""
     from pytest_vram.attribution.breakdown import PeakBreakdown
 
     backend = SimBackend()
     backend.begin_test()
-    breakdown = PeakBreakdown(backend.tracker, modules=False)
+    breakdown = PeakBreakdown(backend.tracker, modules=modules)
     breakdown.start()
+    found: dict[str, Any] = {}
     try:
         torch._dynamo.reset()
-        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
-        model.compile()
-        model(torch.ones(4, 64, device="cuda")).sum().backward()
-        result = breakdown.result(backend.peak_allocated())
+        yield backend, found
+        found.update(breakdown.result(backend.peak_allocated()))
     finally:
         breakdown.stop()
         backend.end_test()
+
+
+def test_a_model_that_runs_only_compiled_has_its_parameters_categorised() -> None:
+    with _broken_down(modules=False) as (backend, result):
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+        model.compile()
+        model(torch.ones(4, 64, device="cuda")).sum().backward()
     params = sum(backend.storage_bytes(p) or 0 for p in model.parameters())
     assert result["categories"]["parameters"] == params
     assert result["categories"]["gradients"] == params
 
 
 def test_a_compiled_module_under_the_breakdowns_hooks_warns_of_no_global_hook() -> None:
-    import warnings
-
-    from pytest_vram.attribution.breakdown import PeakBreakdown
-
-    backend = SimBackend()
-    backend.begin_test()
-    breakdown = PeakBreakdown(backend.tracker, modules=True)
-    breakdown.start()
-    try:
-        torch._dynamo.reset()
+    with _broken_down(modules=True) as (backend, result):
         model = torch.compile(nn.Linear(4, 4).cuda(), backend="eager")
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the breakdown's own global hooks: no warning
@@ -244,10 +246,6 @@ def test_a_compiled_module_under_the_breakdowns_hooks_warns_of_no_global_hook() 
                 model(torch.ones(2, 4, device="cuda"))
         finally:
             handle.remove()
-        result = breakdown.result(backend.peak_allocated())
-    finally:
-        breakdown.stop()
-        backend.end_test()
     assert result["categories"]["parameters"] == sum(
         backend.storage_bytes(p) or 0 for p in model.parameters()
     )
