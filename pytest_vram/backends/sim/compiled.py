@@ -64,7 +64,6 @@ class InductorRunsEagerly:
 
 keep_out_of_dynamo(
     SimFakeTensorMode.__torch_dispatch__,
-    SimFakeTensorMode._dispatch_op,
     CudaRemapMode.__torch_function__,
     HostCudaRemapMode.__torch_function__,
 )

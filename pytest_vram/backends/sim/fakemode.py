@@ -316,59 +316,55 @@ class SimFakeTensorMode(FakeTensorMode):
             return _device_of(args)
         self.dispatching += 1
         try:
-            return self._dispatch_op(func, types, args, kwargs)
+            if func is _LOCAL_SCALAR:
+                # .item(), bool(t): a value known without computing is the value a real run reads.
+                value = self.known.item(args[0])
+                if value is not None:
+                    return value
+            elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(1)):
+                func = _ADD_IN_PLACE  # the autograd engine's gradient sum, in place as on CUDA
+            elif func in IN_PLACE_SCATTERS:
+                # A derivative formula filling its fresh zeros, in place as on CUDA.
+                func = scattered_in_place(func, sys._getframe(1)) or func
+            # ``types``: the subclasses among the arguments, FakeTensor alone for nearly every op.
+            only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
+            if not only_fakes and _other_subclass(func, args, kwargs):
+                return NotImplemented
+            if self._depth == 0 and _inference_mode() and runs_as_its_parts(func):
+                # Autograd, which breaks such an op up, is skipped: its parts are counted here.
+                with self:
+                    return func.decompose(*args, **(kwargs or {}))
+            self._depth += 1
+            try:
+                if func is _GROUPED_MM:
+                    out = _grouped_mm(self, func, types, args, kwargs or {})
+                elif func is _UNSAFE_VIEW:
+                    # A view that autograd does not track as one (a matmul's output reshaped):
+                    # below autograd it is ``view``, whose outputs the dispatch cache knows, where
+                    # FakeTensorMode runs ``_unsafe_view`` anew each time.
+                    out = self.dispatch(_VIEW, types, args, kwargs)
+                elif func is _LIFT_FRESH:
+                    out = self._lift_constant(args, kwargs)
+                    if out is None:
+                        out = self.dispatch(func, types, args, kwargs)
+                elif is_foreach(func):
+                    out = foreach.by_kind(
+                        self, self.dispatch, self._new_like, func, types, args, kwargs or {}
+                    )
+                else:
+                    out = self.dispatch(func, types, args, kwargs)
+            finally:
+                self._depth -= 1
+            if self._depth == 0:
+                # Queries return no tensor: skip them cheaply.
+                if isinstance(out, (torch.Tensor, tuple, list)) and not (
+                    self._host is not None and self._host.place(args, kwargs, out)
+                ):
+                    self._observe_output(func, out)
+                self.known.after(func, args, kwargs or {}, out)
+            return out
         finally:
             self.dispatching -= 1
-
-    def _dispatch_op(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        # The frame two up is the op's caller (the autograd engine's, for gradient sums).
-        if func is _LOCAL_SCALAR:
-            # .item(), bool(t): a value known without computing is the value a real run reads.
-            value = self.known.item(args[0])
-            if value is not None:
-                return value
-        elif func is _ADD and accumulates_in_place(func, args, kwargs, sys._getframe(2)):
-            func = _ADD_IN_PLACE  # the autograd engine's gradient sum, in place as on CUDA
-        elif func in IN_PLACE_SCATTERS:
-            # A derivative formula filling its fresh zeros, in place as on CUDA.
-            func = scattered_in_place(func, sys._getframe(2)) or func
-        # ``types``: the subclasses among the arguments, FakeTensor alone for nearly every op.
-        only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
-        if not only_fakes and _other_subclass(func, args, kwargs):
-            return NotImplemented
-        if self._depth == 0 and _inference_mode() and runs_as_its_parts(func):
-            # Autograd, which breaks such an op up, is skipped: its parts are counted here.
-            with self:
-                return func.decompose(*args, **(kwargs or {}))
-        self._depth += 1
-        try:
-            if func is _GROUPED_MM:
-                out = _grouped_mm(self, func, types, args, kwargs or {})
-            elif func is _UNSAFE_VIEW:
-                # A view that autograd does not track as one (a matmul's output reshaped):
-                # below autograd it is ``view``, whose outputs the dispatch cache knows, where
-                # FakeTensorMode runs ``_unsafe_view`` anew each time.
-                out = self.dispatch(_VIEW, types, args, kwargs)
-            elif func is _LIFT_FRESH:
-                out = self._lift_constant(args, kwargs)
-                if out is None:
-                    out = self.dispatch(func, types, args, kwargs)
-            elif is_foreach(func):
-                out = foreach.by_kind(
-                    self, self.dispatch, self._new_like, func, types, args, kwargs or {}
-                )
-            else:
-                out = self.dispatch(func, types, args, kwargs)
-        finally:
-            self._depth -= 1
-        if self._depth == 0:
-            # Queries return no tensor: skip them cheaply.
-            if isinstance(out, (torch.Tensor, tuple, list)) and not (
-                self._host is not None and self._host.place(args, kwargs, out)
-            ):
-                self._observe_output(func, out)
-            self.known.after(func, args, kwargs or {}, out)
-        return out
 
 
 _META = torch.device("meta")
