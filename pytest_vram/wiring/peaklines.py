@@ -79,8 +79,12 @@ class PeakLines:
     def _wanted(self, record: Any) -> bool:
         if self.mode == "no" or record.status in (Status.UNGATED.value, Status.SKIPPED.value):
             return False
-        if record.peak_lines is not None or record.ranks is not None:
-            return False  # taken already; a multi-rank test cannot run again alone
+        if record.peak_lines is not None:
+            return False  # taken already
+        if record.ranks is not None or self.session.ranks is not None:
+            # One rank of torchrun, or simulated ranks, cannot run a test again alone: its
+            # collectives (a process group's set-up among them) would wait for the others.
+            return False
         if self.config.getoption("usepdb", False):
             return False  # the debugger would stop in the rerun too
         return self.mode == "all" or record.status in _TAKEN
