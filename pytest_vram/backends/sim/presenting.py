@@ -40,7 +40,8 @@ def presented_devices(
 
     def device(self: torch.Tensor) -> torch.device:
         found = _TENSOR_DEVICE.__get__(self)
-        if found.type == _CPU and on_device(self) and _compile_context() is None:
+        # The compile context first: a thread-local read, where on_device looks up storages.
+        if found.type == _CPU and _compile_context() is None and on_device(self):
             return CUDA
         return found
 
