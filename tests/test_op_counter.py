@@ -85,6 +85,22 @@ def test_what_a_kernel_allocates_and_frees_for_itself_never_counts(
     assert ops.peak - start == returned
 
 
+def test_a_forgotten_block_counts_no_more_and_its_free_takes_nothing_off(
+    ops: cpu_allocator.OpCounter,
+) -> None:
+    kept = torch.ones(1000)  # 4096 bytes
+    before = ops.current
+    moved = torch.ones(1000)
+    data = moved.untyped_storage().data_ptr()
+    assert ops.forget(data)
+    assert ops.current == before and not ops.counts(data)
+    assert not ops.forget(data)  # once only
+    del moved
+    assert ops.current == before
+    assert ops.counts(kept.untyped_storage().data_ptr())
+    assert not ops.forget(0)
+
+
 def test_what_python_makes_outside_any_op_is_not_counted(ops: cpu_allocator.OpCounter) -> None:
     x = torch.ones(1024)
     ops.reset_peak()

@@ -131,6 +131,48 @@ def test_the_allocator_sees_allocations_and_frees_in_order() -> None:
     ]
 
 
+class TagListener:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int | None, int]] = []
+
+    def allocated(self, tag: int, size: int, handle: Any) -> None:
+        self.events.append(("allocated", tag, size))
+
+    def resized(self, tag: int | None, old: int, new: int, handle: Any) -> None:
+        self.events.append(("resized", tag, new))
+
+    def freed(self, tag: int | None, size: int, handle: Any) -> None:
+        self.events.append(("freed", tag, size))
+
+
+def test_a_storage_handed_over_frees_first_and_its_copy_takes_its_tag() -> None:
+    allocator = RecordingAllocator()
+    tracker = StorageTracker(
+        counts=_on_cpu, size_of=round_like_cuda_allocator, allocator=allocator,
+        count_unseen_aliases=False,
+    )  # fmt: skip
+    listener = TagListener()
+    tracker.add_listener(listener)
+    outside = torch.ones(4)  # made before the tracker watched
+    with tracker.mode:
+        source = torch.empty(1000, dtype=torch.uint8)
+        with tracker.handing_over(source) as counted:
+            assert counted
+            copy = source.clone()
+        other = torch.empty(10, dtype=torch.uint8)
+        source.view(10, 100).add_(1)  # an alias of what was handed over is not counted again
+        with tracker.handing_over(outside) as counted:  # never counted: nothing to hand over
+            assert not counted
+    assert tracker.current == 1024 + 512
+    assert tracker.peak == 1024 + 512  # the bytes never counted twice
+    (first, _, _), (second, tag, _), (third, copied, _), (_, new, _) = listener.events[:4]
+    assert (first, second, third) == ("allocated", "freed", "allocated")
+    assert copied == tag and new != tag
+    assert allocator.events[:3] == [("malloc", 1024), ("free", 1024), ("malloc", 1024)]
+    del copy, other
+    tracker.remove_listener(listener)
+
+
 def test_a_refused_allocation_is_not_counted() -> None:
     allocator = RecordingAllocator(refuse_above=4096)
     tracker = StorageTracker(counts=_on_cpu, allocator=allocator)

@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -194,6 +194,9 @@ class StorageTracker:
         #: Attribution's listeners; empty (and free) unless a test asked for attribution.
         self.listeners: tuple[AllocationListener, ...] = ()
         self._next_tag = 0
+        # The tag the next storage registered takes (handing_over): a copy that counts for
+        # the storage it was made from.
+        self._heir_tag: int | None = None
         # Tags below this one were given for listeners that are gone: to those listening now
         # such a storage is one from before, adopted when met (tag_of).
         self._first_tag = 1
@@ -327,6 +330,29 @@ class StorageTracker:
         except _NO_STORAGE:
             return False
 
+    @contextlib.contextmanager
+    def handing_over(self, tensor: torch.Tensor) -> Iterator[bool]:
+        """Count ``tensor``'s storage no more, as if it had died: the next storage counted
+        inside, its copy, counts its bytes now and takes its tag, so that listeners know it as
+        the same memory. Yields whether the storage was counted. With
+        ``count_unseen_aliases=False`` no alias of it is counted again."""
+        try:
+            storage = tensor.untyped_storage()
+        except _NO_STORAGE:
+            storage = None
+        record = getattr(storage, self._key, None) if storage is not None else None
+        if record is None:
+            yield False
+            return
+        delattr(storage, self._key)
+        self._heir_tag = record.tag
+        # Its record dies here and queues the release, as the storage's own death would.
+        del record
+        try:
+            yield True
+        finally:
+            self._heir_tag = None
+
     def allocation_of(self, tensor: torch.Tensor) -> tuple[Any, int] | None:
         """The allocator's handle for ``tensor``'s storage and the bytes it asked for; None
         when the storage is not one the tracker counts."""
@@ -387,7 +413,10 @@ class StorageTracker:
         setattr(storage, self._key, record)
         self._add(size)
         if self.listeners:
-            record.tag = tag = self._new_tag()
+            tag, self._heir_tag = self._heir_tag, None
+            if tag is None or tag < self._first_tag:
+                tag = self._new_tag()
+            record.tag = tag
             for listener in self.listeners:
                 listener.allocated(tag, size, handle)
 

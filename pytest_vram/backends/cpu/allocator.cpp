@@ -1171,15 +1171,37 @@ void pytest_vram_op_reset_segment_peaks(void* handle) {
   counter->segments.peak_allocated = counter->segments.allocated;
 }
 
-// Whether the block at data is one the op counter counts now.
+// Whether the block at data is one the op counter counts: counted now, or made by the op
+// that runs (Python code that an op calls, an autograd hook, meets its outputs before the op
+// returns and they are counted).
 int pytest_vram_op_counts(void* handle, void* data) {
   Shard& shard = shard_of(data);
   Guard guard(shard.mutex);
   auto found = shard.blocks.find(data);
-  return found != shard.blocks.end() && found->second.op_counter == handle &&
-                 !found->second.pending
-             ? 1
-             : 0;
+  return found != shard.blocks.end() && found->second.op_counter == handle ? 1 : 0;
+}
+
+// Stops counting the block at data: its bytes are counted elsewhere now (the simulated
+// device's copy of a host tensor, which takes over the original's count). Its free, later,
+// takes nothing off. 1: it was counted; 0: not by this op counter, or still pending.
+int pytest_vram_op_forget(void* handle, void* data) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  Shard& shard = shard_of(data);
+  Guard guard(shard.mutex);
+  auto found = shard.blocks.find(data);
+  if (found == shard.blocks.end() || found->second.op_counter != counter ||
+      found->second.pending) {
+    return 0;
+  }
+  Block& block = found->second;
+  {
+    Guard segments_guard(counter->mutex);
+    counter->segments.free(block.segment_block);
+  }
+  counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+  block.op_counter = nullptr;
+  block.segment_block = nullptr;
+  return 1;
 }
 
 // A build of PyTorch without CUDA has no device guard for CUDA devices, and code that sets the

@@ -70,6 +70,7 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_reset_segment_peaks", None, [handle]),
         ("pytest_vram_op_inactive_split_bytes", ctypes.c_int64, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
+        ("pytest_vram_op_forget", ctypes.c_int, [handle, handle]),
         ("pytest_vram_op_workspace_size", None, [handle, ctypes.c_int64]),
         ("pytest_vram_op_clear_workspaces", ctypes.c_int, [handle]),
         ("pytest_vram_op_relayout", None, [handle]),
@@ -283,8 +284,14 @@ class OpCounter(_ReadInPlace):
             self._library.pytest_vram_op_leave()
 
     def counts(self, data_ptr: int) -> bool:
-        """Whether the block at ``data_ptr`` is counted now."""
+        """Whether the block at ``data_ptr`` is counted, now or when the op that makes it
+        returns."""
         return bool(self._library.pytest_vram_op_counts(self._handle, data_ptr))
+
+    def forget(self, data_ptr: int) -> bool:
+        """Count the block at ``data_ptr`` no more, from now to its free; whether it was
+        counted."""
+        return bool(self._library.pytest_vram_op_forget(self._handle, data_ptr))
 
     def segments(self) -> SegmentFigures:
         """The segment model's figures now."""

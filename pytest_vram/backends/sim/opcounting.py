@@ -96,6 +96,18 @@ class OpCounting:
         # An empty storage allocates nothing, on the device as anywhere.
         return ops.counts(data) if data != 0 else storage.nbytes() == 0
 
+    def forget(self, tensor: torch.Tensor) -> bool:
+        """Count ``tensor``'s storage no more (its bytes are counted elsewhere now); whether
+        the op counter counted it."""
+        ops = self.counter
+        if ops is None or isinstance(tensor, FakeTensor) or not tensor.is_cpu:
+            return False
+        try:
+            data = tensor.untyped_storage().data_ptr()
+        except (NotImplementedError, RuntimeError, ValueError):
+            return False
+        return data != 0 and ops.forget(data)
+
     # What the op counter adds to the simulated device's figures (nothing until it is made).
 
     @property
