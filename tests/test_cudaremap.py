@@ -1,5 +1,7 @@
 """CUDA device arguments below Python, for tests that compute on the simulated device on a build
-of PyTorch without CUDA (this machine's)."""
+of PyTorch without CUDA (this machine's) and do not see CUDA: the tests simulated only because
+of ``--vram-gate=all`` (a test that sees CUDA runs under the function mode, which shows it
+where each tensor is)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def computing() -> Iterator[SimBackend]:
+def computing(cuda_shown: bool = False) -> Iterator[SimBackend]:
     backend = SimBackend()
     backend.use_values(True)
+    backend.show_cuda(cuda_shown)
     backend.begin_test()
     try:
         yield backend
@@ -131,6 +134,15 @@ def test_an_error_in_the_test_leaves_nothing_installed() -> None:
     assert function_modes() == 0
     with pytest.raises(AssertionError, match=NOT_COMPILED):
         torch.tensor([1.0], device="cuda")
+
+
+def test_a_computing_test_that_sees_cuda_runs_under_the_function_mode() -> None:
+    with computing(cuda_shown=True) as backend:
+        assert function_modes() == 1
+        assert "to" not in torch.Tensor.__dict__  # the function mode's own Tensor.to
+        x = torch.ones(1024, device="cuda")
+        assert x.is_cuda and x.cuda() is x
+        assert backend.allocated() == 4096
 
 
 def test_on_a_build_with_cuda_faked_the_function_mode_remaps(

@@ -95,10 +95,13 @@ def test_device_meshes_of_the_virtual_cuda_device_work_under_the_fake_mode() -> 
         assert mesh["tp"].size() == 4
         assert mesh["dp"].get_local_rank() == 0
         assert tuple(mesh.get_coordinate()) == (0, 0)
-        # The simulated device's tensors are cpu tensors; so is its mesh.
-        assert mesh.device_type == "cpu"
+        # Inside, a cpu mesh, as the simulated device's tensors are cpu tensors; the code sees
+        # the cuda mesh it asked for, submeshes included, whose tensors are on cuda:0.
+        assert mesh._device_type == "cpu"
+        assert mesh.device_type == mesh["tp"].device_type == "cuda"
         flat = mesh._flatten("all")
-        assert flat.size() == 8
+        assert flat.size() == 8 and flat.device_type == "cuda"
+        assert init_device_mesh("cpu", (8,)).device_type == "cpu"
 
 
 def test_a_mesh_tensor_made_on_the_simulated_device_is_refused_with_a_reason() -> None:
@@ -342,7 +345,8 @@ def test_the_peak_agrees_with_fsdp_mem_tracker(world_size: int) -> None:
         sim.reset_peak()
         with tracker:
             step()
-        (peaks,) = tracker.get_tracker_snapshot("peak").values()
+        # The tracker keeps the host (AdamW's step counters) apart from the device, as on a GPU.
+        peaks = tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]
         assert sim.peak_allocated() == pytest.approx(peaks["Total"], rel=0.02)
 
 

@@ -54,7 +54,7 @@ def test_backend_identity() -> None:
     assert isinstance(backend, SimBackend)
     assert backend.name == "sim"
     assert backend.device_class == "sim"
-    assert backend.device == torch.device("cpu")
+    assert backend.device == torch.device("cuda", 0)  # vram.device, as the test's code sees it
     assert backend.total_memory() is None
     assert SimBackend(capacity="80GB").total_memory() == 80_000_000_000
     assert create_backend("sim", sim_capacity=1 << 30).total_memory() == 1 << 30
@@ -136,11 +136,15 @@ def test_peak_and_reset(sim: SimBackend) -> None:
         "pin_memory",
     ],
 )
-def test_factories_with_a_cuda_device(sim: SimBackend, make: Callable[[], torch.Tensor]) -> None:
+def test_factories_with_a_cuda_device(
+    sim: SimBackend, make: Callable[[], torch.Tensor], request: pytest.FixtureRequest
+) -> None:
     tensor = make()
     assert isinstance(tensor, FakeTensor)
-    assert tensor.device == torch.device("cpu")
-    assert tensor.is_cuda is False
+    # Pinned memory is the host's; every other names the device.
+    pinned = request.node.callspec.id == "pin_memory"
+    assert tensor.device == (torch.device("cpu") if pinned else torch.device("cuda", 0))
+    assert tensor.is_cuda is not pinned
     assert sim.peak_allocated() >= 1024
 
 
@@ -148,27 +152,33 @@ def test_device_context_manager_and_default_device(sim: SimBackend) -> None:
     with torch.device("cuda"):
         inside = torch.zeros(256)
         model = nn.Linear(16, 16)
-    assert inside.device == torch.device("cpu")
-    assert isinstance(model.weight, FakeTensor)
+    assert inside.device == torch.device("cuda", 0)
+    assert isinstance(model.weight, FakeTensor) and model.weight.is_cuda
     torch.set_default_device("cuda")
     try:
         default = torch.ones(256)
     finally:
         torch.set_default_device(None)
-    assert default.device == torch.device("cpu")
+    assert default.device == torch.device("cuda", 0)
     assert sim.allocated() == 1024 + 1024 + (16 * 16 + 16) * 4 + 512 - 64
 
 
 def test_tensor_moves_to_cuda(sim: SimBackend) -> None:
-    x = torch.ones(256)
+    host = torch.ones(256)  # on the host, counted as the device's by default
+    assert host.device == torch.device("cpu")
+    x = host.to("cuda")  # a copy, which takes over the host tensor's count
+    assert x is not host and x.is_cuda and host.device.type == "cpu"
+    assert sim.allocated() == 1024
     assert x.to("cuda") is x  # already on the device, as on CUDA
     assert x.cuda() is x
     assert x.to(device="cuda:0") is x
     bf16 = x.to("cuda", torch.bfloat16)
-    assert bf16.dtype == torch.bfloat16
+    assert bf16.dtype == torch.bfloat16 and bf16.is_cuda
     assert x.to(torch.device("cuda"), non_blocking=True) is x
     assert x.pin_memory() is x
     assert x.is_pinned() is False
+    back = x.cpu()  # a copy on the host, which the device does not count
+    assert back.device == torch.device("cpu") and back.get_device() == -1
     assert sim.allocated() == 1024 + 512
 
 
@@ -222,7 +232,7 @@ def test_to_empty_on_cuda_from_meta(sim: SimBackend) -> None:
         model = nn.Linear(128, 128)
     assert sim.allocated() == 0
     model.to_empty(device="cuda")
-    assert model.weight.device == torch.device("cpu")
+    assert model.weight.device == torch.device("cuda", 0)
     assert sim.allocated() == 128 * 128 * 4 + 512
 
 
@@ -330,7 +340,7 @@ def test_nothing_leaks_out_of_the_test() -> None:
 def test_a_cuda_default_device_does_not_outlive_the_test() -> None:
     with simulated():
         torch.set_default_device("cuda")
-        assert torch.ones(2).device == torch.device("cpu")
+        assert torch.ones(2).device == torch.device("cuda", 0)
     assert torch.get_default_device() == torch.device("cpu")
     assert not isinstance(torch.ones(2), FakeTensor)
 

@@ -1,6 +1,6 @@
-"""Where a tensor is, as a test's code sees it on the simulated device with host tensors kept on
-the host (``--vram-sim-host-tensors=host``): ``cuda:0`` for what is on the device, ``cpu`` for
-the host, shape-only and computing, as on a GPU."""
+"""Where a tensor is, as a test's code sees it on the simulated device: ``cuda:0`` for what is on
+the device, ``cpu`` for the host, shape-only and computing, as on a GPU, whether the device
+counts host tensors (``--vram-sim-host-tensors=device``, the default) or not (``host``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,17 @@ CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 
 
+SETTINGS = ["device", "host"]
+
+
+@pytest.fixture(params=SETTINGS)
+def host_tensors(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(params=[False, True], ids=["shape-only", "computing"])
-def sim(request: pytest.FixtureRequest) -> Iterator[SimBackend]:
-    with simulated(request.param, host_tensors="host") as backend:
+def sim(request: pytest.FixtureRequest, host_tensors: str) -> Iterator[SimBackend]:
+    with simulated(request.param, host_tensors=host_tensors) as backend:
         yield backend
 
 
@@ -56,6 +64,21 @@ def test_moving_back_to_the_host_makes_a_host_copy(sim: SimBackend) -> None:
     assert x.device == CUDA  # and the tensor itself stays where it was
 
 
+def test_a_host_tensor_moved_to_the_device_hands_it_its_count(sim: SimBackend) -> None:
+    host = torch.ones(1024)
+    counted = sim.allocated()
+    moved = host.cuda()
+    assert moved.is_cuda and not host.is_cuda
+    # By default the host tensor was the device's and its copy takes its place; with host
+    # tensors kept on the host only the copy is.
+    assert sim.allocated() - counted == (4096 if not sim.host.counts_host else 0)
+    rows = torch.ones(64, 64)  # a part of a host tensor moves as a copy of its own
+    before = sim.allocated()
+    part = rows[:16].to("cuda")
+    assert part.is_cuda and sim.allocated() - before == 16 * 64 * 4
+    del moved, part
+
+
 def test_device_comparisons_follow_the_devices(sim: SimBackend) -> None:
     x = torch.ones(3, device="cuda")
     assert x.device == torch.device("cuda") or x.device == torch.device("cuda:0")
@@ -66,13 +89,26 @@ def test_device_comparisons_follow_the_devices(sim: SimBackend) -> None:
         assert torch.zeros(2).device == CUDA
 
 
-def test_a_computed_result_compares_with_the_hosts_expectation() -> None:
-    with simulated(True, host_tensors="host"):
+def test_a_computed_result_compares_with_the_hosts_expectation(host_tensors: str) -> None:
+    with simulated(True, host_tensors=host_tensors):
         expected = torch.arange(4.0) * 2  # on the host
         out = (torch.arange(4.0, device="cuda") * 2).cpu()
         torch.testing.assert_close(out, expected)
         with pytest.raises(AssertionError, match="device"):  # as on a GPU
             torch.testing.assert_close(out.cuda(), expected)
+
+
+def test_histc_of_integers_counts_as_on_cuda(sim: SimBackend) -> None:
+    # CUDA's kernel takes integers, the CPU's refuses them; code that sees its tensor on cuda
+    # passes them (transformers' MoE layers).
+    ids = torch.tensor([0, 1, 1, 3], dtype=torch.int32, device="cuda")
+    before = sim.allocated()
+    counts = torch.histc(ids, bins=4, min=0, max=3)
+    assert (counts.dtype, counts.shape, counts.device) == (torch.int32, (4,), CUDA)
+    assert ids.histc(bins=4, min=0, max=3).dtype == torch.int32
+    assert sim.allocated() - before == 512  # the result alone: the float32 scratch is the host's
+    if sim.computing:
+        assert counts.tolist() == [1, 2, 0, 1]
 
 
 def test_a_compiled_model_is_one_graph_on_the_device(sim: SimBackend) -> None:
@@ -121,12 +157,12 @@ def test_a_parameter_check_before_a_forward():
 
 @pytest.mark.parametrize("compute", ["auto", "always"])
 def test_an_opted_in_test_that_checks_its_devices_passes(
-    pytester: pytest.Pytester, compute: str
+    pytester: pytest.Pytester, compute: str, host_tensors: str
 ) -> None:
     pytester.makepyfile(test_cause=CAUSE)
     result = pytester.runpytest(
         "--vram-backend=sim",
-        "--vram-sim-host-tensors=host",
+        f"--vram-sim-host-tensors={host_tensors}",
         f"--vram-sim-compute={compute}",
         "-p",
         "no:randomly",

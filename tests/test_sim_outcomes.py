@@ -37,9 +37,10 @@ def _dispatch_modes() -> list[Any]:
     return _get_current_dispatch_mode_stack()
 
 
-def _running(how: str) -> Iterator[SimBackend]:
+def _running(how: str, cuda_shown: bool = True) -> Iterator[SimBackend]:
     backend = SimBackend()
     backend.use_values(how != "shape-only")
+    backend.show_cuda(cuda_shown)
     listener = _Listener()
     if how == "dispatch mode":
         backend.tracker.add_listener(listener)
@@ -96,14 +97,18 @@ def _numbers(n: int) -> torch.Tensor:
     return torch.arange(n) * 2
 
 
+@pytest.mark.parametrize("cuda_shown", [True, False], ids=["sees CUDA", "gated only"])
+@pytest.mark.parametrize("how", ["op counter", "dispatch mode"])
 def test_a_function_that_calls_a_factory_is_scripted_while_computing(
-    computing: SimBackend,
+    how: str, cuda_shown: bool
 ) -> None:
-    # Computing, torch.arange is the simulated device's wrapper, which TorchScript cannot
-    # compile: it is known to TorchScript as aten::arange.
-    assert torch.arange is not _ARANGE
-    scripted = torch.jit.script(_numbers)
-    assert scripted(3).tolist() == [0, 2, 4]
+    with contextlib.contextmanager(_running)(how, cuda_shown):
+        # Computing, a test that does not see CUDA has devices remapped below Python, where
+        # torch.arange is the simulated device's wrapper, which TorchScript cannot compile: it
+        # is known to TorchScript as aten::arange. One that sees CUDA runs the function mode.
+        assert (torch.arange is not _ARANGE) is not cuda_shown
+        scripted = torch.jit.script(_numbers)
+        assert scripted(3).tolist() == [0, 2, 4]
 
 
 def test_a_lazy_module_moves_and_initialises_while_computing(computing: SimBackend) -> None:

@@ -80,7 +80,6 @@ class SimBackend(Backend):
     """
 
     name = "sim"
-    device = torch.device("cpu")
 
     def __init__(
         self,
@@ -115,12 +114,13 @@ class SimBackend(Backend):
         self._fake_mode: SimFakeTensorMode | None = None
         if host_tensors not in ("device", "host"):
             raise ValueError(f"host_tensors must be device or host, not {host_tensors!r}")
-        #: With ``host_tensors="host"``, the tensors a test keeps on the host, which the device
-        #: does not count; None where they are the device's.
-        self.host = HostTensors(self.counted) if host_tensors == "host" else None
-        if self.host is not None:
-            # The host is cpu, and the test's code sees the device as cuda (vram.device).
-            self.device = torch.device("cuda", 0)
+        #: The tensors a test keeps on the host, which the device counts (``"device"``) or
+        #: not (``"host"``).
+        self.host = HostTensors(
+            self.counted, counts_host=host_tensors == "device", hand_over=self._hand_over
+        )
+        # The host is cpu, and the test's code sees the device as cuda (vram.device).
+        self.device = torch.device("cuda", 0)
         self.cuda = VirtualCuda(self)
         #: Whether the next (or current) test computes values on the CPU.
         self.computing = False
@@ -174,9 +174,9 @@ class SimBackend(Backend):
         self._host.reason = reason if computing else None
         self._host.guessing = computing and guess
         self._counts_now = _is_host_tensor if computing else self._shape_only_counts()
-        if self.host is not None:
-            # Computing, host tensors are real CPU tensors made where the device counts nothing.
-            self.host.uncounted = self.host_memory if computing else None
+        # Computing, host tensors are real CPU tensors: where the device does not count them,
+        # made where it counts nothing.
+        self.host.uncounted = self.host_memory if computing else None
 
     def show_cuda(self, shown: bool) -> None:
         if self._active:
@@ -184,11 +184,19 @@ class SimBackend(Backend):
         self.cuda_shown = shown
 
     def _shape_only_counts(self) -> Callable[[torch.Tensor], bool]:
-        return on_device if self.host is None else self._on_device
+        return on_device if self.host.counts_host else self._on_device
 
     def _on_device(self, tensor: torch.Tensor) -> bool:
         """Shape-only: a fake tensor the test does not keep on the host."""
-        return on_device(tensor) and not self.host.is_host(tensor)  # type: ignore[union-attr]
+        return on_device(tensor) and not self.host.is_host(tensor)
+
+    @contextlib.contextmanager
+    def _hand_over(self, tensor: torch.Tensor) -> Iterator[None]:
+        """``tensor``'s storage counts no more: the copy of it made inside counts it now."""
+        with self.tracker.handing_over(tensor) as counted:
+            if not counted:
+                self._ops.forget(tensor)
+            yield
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         return self._host_depth == 0 and self._counts_now(tensor)
@@ -545,7 +553,7 @@ class SimBackend(Backend):
         env = super().environment()
         env["sim_capacity"] = self.capacity
         env["sim_gpu"] = self.gpu.name
-        env["sim_host_tensors"] = "device" if self.host is None else "host"
+        env["sim_host_tensors"] = "device" if self.host.counts_host else "host"
         return env
 
     def close(self) -> None:

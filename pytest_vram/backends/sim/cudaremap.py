@@ -1,10 +1,12 @@
 """CUDA device arguments on a build of PyTorch without CUDA, below Python.
 
-Shape-only, the simulated device sends ``device="cuda"`` to the CPU with a function mode
+The simulated device sends ``device="cuda"`` to the CPU with a function mode
 (:class:`~pytest_vram.backends.sim.remapmode.CudaRemapMode`), which costs every call of a torch
 function a Python call: more than the op itself when tensors are small. A test that computes
-its values on a build without CUDA gets the same answers from below Python instead, where an op
-that names no device costs nothing more:
+its values on a build without CUDA and does not see CUDA (one simulated only because of
+``--vram-gate=all``, whose code takes the machine's paths and never asks where a tensor is)
+gets the same answers from below Python instead, where an op that names no device costs
+nothing more:
 
 - the two ops that every factory and copy allocates through, ``empty.memory_format`` and
   ``empty_strided``, get kernels for the CUDA dispatch key that allocate on the CPU, so that

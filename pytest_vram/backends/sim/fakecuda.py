@@ -5,9 +5,10 @@ a CPU-only build of PyTorch:
 
 - ``device="cuda"`` (``"cuda:0"``, ``torch.device("cuda")``, ``0``) in any torch function,
   ``Tensor.to("cuda")``, ``Tensor.cuda()``, ``Module.to("cuda")``, ``Module.cuda()`` and the
-  ``torch.device("cuda")`` context manager put tensors on the (fake) ``cpu`` device
-  (:mod:`~pytest_vram.backends.sim.remapmode`, computing
-  :mod:`~pytest_vram.backends.sim.cudaremap`, and :mod:`~pytest_vram.backends.sim.moduleapply`);
+  ``torch.device("cuda")`` context manager put tensors on the (fake) ``cpu`` device, and the
+  test's code sees them on ``cuda:0`` (:mod:`~pytest_vram.backends.sim.remapmode`,
+  :mod:`~pytest_vram.backends.sim.presenting`, :mod:`~pytest_vram.backends.sim.moduleapply`;
+  computing, for a test that does not see CUDA, :mod:`~pytest_vram.backends.sim.cudaremap`);
 - ``torch.autocast("cuda", dtype)`` runs as CPU autocast, corrected so that the functions a test
   calls follow CUDA's autocast op lists (:mod:`~pytest_vram.backends.sim.autocast`);
 - ``torch.cuda.*`` (and ``torch.accelerator.*``) device and memory queries answer from the
@@ -15,9 +16,9 @@ a CPU-only build of PyTorch:
   ``foreach`` implementations they use on CUDA; ``GradScaler.step`` always steps, since the
   simulated device has no values to check for infs.
 - an optimizer's own host tensors (AdamW's ``step`` counters) are made uncounted, as host
-  memory (:mod:`~pytest_vram.backends.sim.hostscalars`), and with
-  ``--vram-sim-host-tensors=host`` so is every tensor the test keeps on the host
-  (:mod:`~pytest_vram.backends.sim.hosttensors`); transformers' ``is_tracing(tensor)``
+  memory (:mod:`~pytest_vram.backends.sim.hostscalars`), and the tensors a test keeps on the
+  host are told from the device's (:mod:`~pytest_vram.backends.sim.hosttensors`), counted or
+  not as ``--vram-sim-host-tensors`` says; transformers' ``is_tracing(tensor)``
   answers False for fake tensors, as in a real run;
 - shape-only, TorchScript (scripted or traced code, tracing) is refused before it runs on fake
   tensors, where it would crash the process (:mod:`~pytest_vram.backends.sim.torchscript`);
@@ -141,8 +142,8 @@ class VirtualCuda:
         #: Which factory calls make an optimizer's host scalars, made in ``host_memory``.
         self._host_scalars = HostScalars()
         host_scalar = self._host_scalars.made_by
-        #: The tensors a test keeps on the host, where the device does not count them (None:
-        #: the device counts every tensor the test makes).
+        #: The tensors a test keeps on the host (None on a device that does not tell them
+        #: from its own).
         self._host = host = getattr(device, "host", None)
         make = CudaRemapMode if host is None else functools.partial(HostCudaRemapMode, host)
         self._modes = {
@@ -151,7 +152,7 @@ class VirtualCuda:
         }
         self._mode = self._modes[False]
         self._host_memory = host_memory
-        #: Host tensors kept on the host: the test's code sees where each tensor is.
+        #: The test's code sees where each tensor is.
         self._presented = (
             {}
             if host is None
@@ -163,6 +164,8 @@ class VirtualCuda:
         # Computing on a build without CUDA: devices are remapped below Python (cudaremap).
         self._below_python: bool | None = None
         self._remapping_below = False
+        #: Whether cudaremap's CUDA kernels are active (computing on a build without CUDA).
+        self._cuda_kernels = False
         self._made: dict[bool, list[tuple[object, str, object]]] = {}
         self._made_below: list[tuple[object, str, object]] | None = None
         self._patches = PatchSet()
@@ -179,22 +182,25 @@ class VirtualCuda:
             return
         self._default_device = _default_device_context()
         self._mode = self._modes[computing]
-        # Host tensors need the function mode, which sees every call's arguments.
-        below = computing and self._host is None and self._can_remap_below_python()
+        below = computing and self._below_python_will_do() and self._can_remap_below_python()
         try:
             self._patches.replace_all(self._replacements_for(computing))
             # Tensor only inherits it, from a class of C that cannot be patched.
             self._patches.shadow(torch.Tensor, "record_stream", record_stream)
-            for owner, name, value in self._presented.get(computing, ()):
+            for owner, name, value in () if below else self._presented.get(computing, ()):
                 self._patches.shadow(owner, name, value)
             self._host_scalars.start()
             self._inductor.start()
             if not computing:
                 self._answer_not_tracing()
+            if computing and self._can_remap_below_python():
+                # Under the function mode too: what allocates on cuda below Python (a custom
+                # op's own factory, FSDP2's all-gather buffer) gets a CPU tensor.
+                cudaremap.activate()
+                self._cuda_kernels = True
             if below:
                 for owner, name, value in self._below_python_replacements():
                     self._patches.shadow(owner, name, value)
-                cudaremap.activate()
                 self._remapping_below = True
             else:
                 self._mode.__enter__()
@@ -225,6 +231,13 @@ class VirtualCuda:
             )
         return made
 
+    def _below_python_will_do(self) -> bool:
+        """Whether the test needs no more than devices remapped: the function mode places
+        every call, for the host tensors the device does not count and for the devices that
+        code which sees CUDA reads; a test that does not see CUDA reads none."""
+        host = self._host
+        return host is None or (host.counts_host and not self._device.cuda_shown)
+
     def _can_remap_below_python(self) -> bool:
         if self._below_python is None:
             self._below_python = cudaremap.available()
@@ -251,7 +264,6 @@ class VirtualCuda:
         try:
             if self._remapping_below:
                 self._remapping_below = False
-                cudaremap.deactivate()
             else:
                 self._mode.__exit__(None, None, None)
         finally:
@@ -280,8 +292,9 @@ class VirtualCuda:
         self._host_scalars.stop()
         self._inductor.stop()
         self._history.stop()  # a recording lasts no longer than its test
-        if self._remapping_below:
-            self._remapping_below = False
+        self._remapping_below = False
+        if self._cuda_kernels:
+            self._cuda_kernels = False
             cudaremap.deactivate()
         self._patches.restore()
 

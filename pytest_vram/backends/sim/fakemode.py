@@ -326,6 +326,10 @@ class SimFakeTensorMode(FakeTensorMode):
             elif func in IN_PLACE_SCATTERS:
                 # A derivative formula filling its fresh zeros, in place as on CUDA.
                 func = scattered_in_place(func, sys._getframe(1)) or func
+            if kwargs and _names_cuda(kwargs.get("device")):
+                # An op called below the function mode (a custom op's own factory, FSDP2's
+                # all-gather buffer): the simulated device's tensors are cpu ones.
+                kwargs = {**kwargs, "device": _CPU_DEVICE}
             # ``types``: the subclasses among the arguments, FakeTensor alone for nearly every op.
             only_fakes = not types or (len(types) == 1 and types[0] is FakeTensor)
             if not only_fakes and _other_subclass(func, args, kwargs):
@@ -368,6 +372,13 @@ class SimFakeTensorMode(FakeTensorMode):
 
 
 _META = torch.device("meta")
+_CPU_DEVICE = torch.device("cpu")
+
+
+def _names_cuda(device: object) -> bool:
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
 _NO_DISPATCH = torch._C._DisableTorchDispatch
 _make_subclass = torch.Tensor._make_subclass
 _throw_on_data_ptr = getattr(torch._C, "_set_throw_on_mutable_data_ptr", None)

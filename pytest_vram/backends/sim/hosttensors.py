@@ -1,5 +1,4 @@
-"""The tensors a test keeps on the host, which a GPU does not count
-(``--vram-sim-host-tensors=host``).
+"""Where each tensor of a test is, the host or the device, as the test's code placed it.
 
 On a GPU, a tensor made without a device (while the default device is the host's) is host
 memory, and so is whatever is computed from host tensors alone; ``.to("cuda")`` copies it to
@@ -19,9 +18,18 @@ every tensor is a ``cpu`` tensor (fake, or computing real), so it tells the two 
 The test's code sees where each tensor is (:mod:`~pytest_vram.backends.sim.presenting`): a
 device tensor answers ``cuda:0``, a host tensor ``cpu``; ``vram.device`` is ``cuda``.
 
-A host tensor's storage carries a mark; the device does not count a marked storage. Calls are
-placed by :class:`~pytest_vram.backends.sim.remapmode.HostCudaRemapMode`, ops by the fake mode
-(shape-only); computing, a call that makes host tensors runs where the device counts nothing.
+What the device counts depends on ``--vram-sim-host-tensors``:
+
+- ``host``: the device does not count a host tensor;
+- ``device`` (the default): the device counts every tensor the test makes, host tensors too,
+  and a move counts a tensor once: a host tensor copied to the device hands its count to its
+  copy (where the copy is all of its storage), and a device tensor's copy on the host is not
+  counted.
+
+A host tensor's storage carries a mark. Calls are placed by
+:class:`~pytest_vram.backends.sim.remapmode.HostCudaRemapMode`, ops by the fake mode
+(shape-only); computing, a call whose tensors the device does not count runs where it counts
+nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from pytest_vram.backends.sim.cudaremap import is_cuda_device
 __all__ = ["HostTensors"]
 
 _MARK = "_pytest_vram_host"
+# A tensor without a storage, or without one yet (a lazy module's uninitialised parameter).
+_NO_STORAGE = (NotImplementedError, RuntimeError, ValueError)
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_CPU = torch.Tensor.cpu
@@ -67,14 +77,26 @@ class _Making(threading.local):
     #: True inside a call that makes host tensors, False inside one that names the device,
     #: None elsewhere (an op's outputs are on its inputs' device).
     host: bool | None = None
+    #: Inside a copy from the device to the host, which the device never counts.
+    copy_to_host: bool = False
 
 
 class HostTensors:
     """Marks the tensors a test keeps on the host, and tells them from the device's."""
 
-    def __init__(self, counted: Callable[[torch.Tensor], bool]) -> None:
-        #: Whether the device counts a tensor's storage: such a storage is never the host's.
+    def __init__(
+        self,
+        counted: Callable[[torch.Tensor], bool],
+        counts_host: bool = False,
+        hand_over: Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        #: Whether the device counts a tensor's storage.
         self._counted = counted
+        #: Whether the device counts host tensors (``device``) or not (``host``).
+        self.counts_host = counts_host
+        #: With ``counts_host``: a context in which a storage counts no more and the copy of
+        #: it made inside counts it.
+        self._hand_over = hand_over
         #: Computing: a context in which the device counts nothing, where a call that makes
         #: host tensors runs (shape-only, the fake mode leaves them uncounted as it marks them).
         self.uncounted: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
@@ -93,7 +115,7 @@ class HostTensors:
             return False
         try:
             return hasattr(tensor.untyped_storage(), _MARK)
-        except (NotImplementedError, RuntimeError):
+        except _NO_STORAGE:
             return False
 
     @contextlib.contextmanager
@@ -108,14 +130,42 @@ class HostTensors:
 
     def run_placed(self, host: bool, run: Callable[[], Any]) -> Any:
         """Run ``run()``, a call :meth:`placement` placed, where its new tensors are host
-        tensors (``host``) or the device's; computing, host tensors are made uncounted."""
+        tensors (``host``) or the device's; computing, they are marked here (and made
+        uncounted where the device does not count host tensors)."""
         with self.making(host):
             if not host or self.uncounted is None:
                 return run()
-            with self.uncounted():
+            if self.counts_host:
                 out = run()
+            else:
+                with self.uncounted():
+                    out = run()
         self._mark_all(out)
         return out
+
+    @contextlib.contextmanager
+    def copying_to_host(self) -> Iterator[None]:
+        """Inside, a device tensor is copied to the host: a copy the device never counts."""
+        making = self._making
+        before, making.copy_to_host = making.copy_to_host, True
+        try:
+            if self.counts_host and self.uncounted is not None:
+                with self.uncounted():
+                    yield
+            else:
+                yield
+        finally:
+            making.copy_to_host = before
+
+    @contextlib.contextmanager
+    def copying_to_device(self, source: torch.Tensor) -> Iterator[None]:
+        """Inside, ``source``, a host tensor, is copied to the device: where the device counts
+        host tensors and the copy is all of its storage, the copy takes over its count."""
+        if self._hand_over is None or not self.counts_host or not _whole_storage(source):
+            yield
+            return
+        with self._hand_over(source):
+            yield
 
     def placement(self, func: Callable, args: tuple, kwargs: dict | None) -> bool | None:
         """Where the call ``func(*args, **kwargs)`` puts the tensors it makes: on the host
@@ -170,8 +220,10 @@ class HostTensors:
 
     def place(self, args: tuple, kwargs: dict | None, out: Any) -> bool:
         """Mark ``out``, an op's new outputs, as host tensors where the call that runs says so
-        or where all the op's tensor arguments are on the host; True when it marked them."""
-        host = self._making.host
+        or where all the op's tensor arguments are on the host; True when the device does not
+        count them."""
+        making = self._making
+        host = making.host
         if host is None:
             if not self._live.count:
                 return False
@@ -179,7 +231,7 @@ class HostTensors:
         if not host:
             return False
         self._mark_all(out)
-        return True
+        return not self.counts_host or making.copy_to_host
 
     def _mark_all(self, out: Any) -> None:
         if isinstance(out, torch.Tensor):
@@ -192,10 +244,19 @@ class HostTensors:
     def _mark(self, tensor: torch.Tensor) -> None:
         try:
             storage = tensor.untyped_storage()
-        except (NotImplementedError, RuntimeError):
+        except _NO_STORAGE:
             return
-        if not hasattr(storage, _MARK) and not self._counted(tensor):
+        if not hasattr(storage, _MARK) and (self.counts_host or not self._counted(tensor)):
             setattr(storage, _MARK, _Mark(self._live))
+
+
+def _whole_storage(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is all of its storage (not a part of a larger one)."""
+    try:
+        nbytes = tensor.untyped_storage().nbytes()
+    except _NO_STORAGE:
+        return False
+    return tensor.storage_offset() == 0 and tensor.numel() * tensor.element_size() == nbytes
 
 
 def _any_tensor(args: tuple) -> bool:

@@ -1,10 +1,11 @@
-"""Where a tensor is, as the test's code asks it, with ``--vram-sim-host-tensors=host``.
+"""Where a tensor is, as the test's code asks it.
 
 On the simulated device every tensor is a ``cpu`` tensor (fake shape-only, real computing).
-Where host tensors are kept on the host, the simulated device knows which of them are on the
-device (:mod:`~pytest_vram.backends.sim.hosttensors`), and a test's code sees that: a tensor
-on the device answers ``x.device == torch.device("cuda", 0)``, ``x.is_cuda`` and
-``x.get_device() == 0``, a host tensor ``cpu``, ``False`` and ``-1``, as on a GPU. So a test
+The simulated device knows which of them are on the host
+(:mod:`~pytest_vram.backends.sim.hosttensors`), and a test's code sees that: a tensor on the
+device answers ``x.device == torch.device("cuda", 0)``, ``x.is_cuda`` and
+``x.get_device() == 0``, a host tensor ``cpu``, ``False`` and ``-1``, as on a GPU (a wrapper
+subclass, such as a DTensor, where the tensor it wraps is). So a test
 that moves a module with ``.to("cuda")`` finds its parameters on ``cuda:0``, compares a
 result moved back with ``.cpu()`` against a host tensor, or runs DataParallel's device check.
 
@@ -30,6 +31,7 @@ _TENSOR_DEVICE = torch._C.TensorBase.device
 _TENSOR_GET_DEVICE = torch._C.TensorBase.get_device
 _FAKE_DEVICE = FakeTensor.device
 _compile_context = CompileContext.try_get
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter, FakeTensor})
 
 
 def presented_devices(
@@ -41,8 +43,17 @@ def presented_devices(
     def device(self: torch.Tensor) -> torch.device:
         found = _TENSOR_DEVICE.__get__(self)
         # The compile context first: a thread-local read, where on_device looks up storages.
-        if found.type == _CPU and _compile_context() is None and on_device(self):
+        if found.type != _CPU or _compile_context() is not None:
+            return found
+        if on_device(self):
             return CUDA
+        if type(self) not in _PLAIN:
+            # A wrapper subclass (DTensor) is where the tensor it wraps is.
+            flatten = getattr(self, "__tensor_flatten__", None)
+            if flatten is not None:
+                inner, _ = flatten()
+                if inner:
+                    return getattr(self, inner[0]).device
         return found
 
     def fake_device(self: FakeTensor) -> torch.device:

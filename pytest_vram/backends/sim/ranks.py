@@ -11,8 +11,9 @@ While the test runs, these are patched and put back, object for object (a
 
 - ``DeviceMesh``: its rank bookkeeping is plain integer tensors, which FakeTensorMode would
   make fake (and then fail to read); its methods run with the fake mode unset. A mesh of the
-  virtual CUDA device is a ``cpu`` mesh, since the simulated device's tensors are fake ``cpu``
-  tensors and FSDP2 and DTensor check that a mesh and its tensors agree. Torch 2.6's
+  virtual CUDA device is a ``cpu`` mesh inside, for the fake process group, whose
+  ``device_type`` says ``cuda`` to the code that made it: FSDP2 and DTensor put their tensors
+  on the mesh's device, which must be the simulated device's ``cuda:0``, not the host. Torch 2.6's
   ``init_device_mesh`` makes its mesh tensor under the fake mode: it is made again.
 - ``torch.cpu``'s streams, where they have no ``record_event`` (torch 2.6): FSDP2 records and
   waits for events on a ``cpu`` mesh's streams; the stream put in their place waits for
@@ -121,6 +122,8 @@ def _mesh_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
         if device_type == "cuda":
             device_type = "cpu"
+            # The code that asked sees a cuda mesh (device_type), whose tensors are on cuda:0.
+            self._pytest_vram_shown = "cuda"
         with unset_fake_temporarily():
             rank_map = kwargs.get("_rank_map")
             # init_device_mesh made its identity rank map under the fake mode: make it again.
@@ -157,10 +160,19 @@ def _mesh_replacements() -> Iterator[tuple[str, Any]]:
             yield name, _mesh_init(value)
         elif isinstance(value, staticmethod):
             yield name, staticmethod(_unfaked(value.__func__))
+        elif name == "device_type" and isinstance(value, property):
+            yield name, property(_shown_device_type, doc=value.__doc__)
         elif isinstance(value, property) and value.fget is not None:
             yield name, property(_unfaked(value.fget), value.fset, value.fdel, value.__doc__)
         elif callable(value) and not isinstance(value, type) and name not in ("__hash__", "__eq__"):
             yield name, _unfaked(value)
+
+
+def _shown_device_type(self: Any) -> str:
+    # A submesh or a flattened mesh is its root's: shown as the root is.
+    root = getattr(self, "_root_mesh", None)
+    shown = getattr(self, "_pytest_vram_shown", None) or getattr(root, "_pytest_vram_shown", None)
+    return shown or self._device_type
 
 
 def _verify_nothing(*args: Any, **kwargs: Any) -> None:

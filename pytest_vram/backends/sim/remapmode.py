@@ -82,14 +82,14 @@ def _tensor_cuda(
 
 def _tensor_to_placed(
     on_device: Callable[[torch.Tensor], bool],
-    names_host: Callable[[Any], bool | None],
+    host: HostTensors,
     func: Callable,
     args: tuple,
     kwargs: dict,
 ) -> Any:
-    """``Tensor.to`` where host tensors are kept on the host: a move between the host and
-    the device copies, as on a GPU."""
-    to_host = names_host(args[1]) if len(args) > 1 else None
+    """``Tensor.to`` where the host is told from the device: a move between the host and the
+    device copies, as on a GPU."""
+    to_host = host.names_host(args[1]) if len(args) > 1 else None
     if len(args) > 1 and isinstance(args[1], torch.Tensor):
         # x.to(other) is x.to(other.device, other.dtype): by device, for PyTorch would read
         # the device other shows the test.
@@ -100,17 +100,42 @@ def _tensor_to_placed(
     if device is not None:
         to_host = not is_cuda_device(device)
         kwargs["device"] = _CPU
-    if to_host is not None and len(args) < 5 and on_device(args[0]) == to_host:
-        kwargs.setdefault("copy", True)
-    return func(*args, **kwargs)
+    if to_host is None or len(args) >= 5 or on_device(args[0]) != to_host:
+        return func(*args, **kwargs)
+    kwargs.setdefault("copy", True)
+    if to_host:
+        with host.copying_to_host():
+            return func(*args, **kwargs)
+    with host.copying_to_device(args[0]):
+        return func(*args, **kwargs)
 
 
-def _tensor_cpu(on_device: Callable[[torch.Tensor], bool], func: Callable, args: tuple,
-                kwargs: dict) -> Any:  # fmt: skip
+def _tensor_cuda_placed(
+    on_device: Callable[[torch.Tensor], bool],
+    host: HostTensors,
+    func: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    """``Tensor.cuda`` where the host is told from the device."""
+    if on_device(args[0]):
+        return _tensor_cuda(on_device, func, args, kwargs)
+    with host.copying_to_device(args[0]):
+        return _tensor_cuda(on_device, func, args, kwargs)
+
+
+def _tensor_cpu(
+    on_device: Callable[[torch.Tensor], bool],
+    host: HostTensors,
+    func: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
     tensor = args[0]
     if on_device(tensor):  # a copy on the host, as a GPU's tensor.cpu() makes
         memory_format = kwargs.get("memory_format", torch.preserve_format)
-        return tensor.to(_CPU, copy=True, memory_format=memory_format)
+        with host.copying_to_host():
+            return tensor.to(_CPU, copy=True, memory_format=memory_format)
     return func(*args, **kwargs)
 
 
@@ -121,6 +146,23 @@ def _tensor_format(func: Callable, args: tuple, kwargs: dict) -> Any:
     if spec and isinstance(tensor, FakeTensor) and tensor.dim() == 0:
         return format(tensor.item(), spec)
     return func(*args, **kwargs)
+
+
+def _histc_like_cuda(
+    host_memory: Callable[[], contextlib.AbstractContextManager[Any]] | None,
+    func: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    """``torch.histc`` of integers, which CUDA's kernel counts and the CPU's refuses (code that
+    sees its tensor on ``cuda`` passes them, as transformers' MoE layers do): counted in
+    float32 on the host, the device holding only the result, in the input's dtype."""
+    tensor = args[0]
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or "out" in kwargs:
+        return func(*args, **kwargs)
+    with host_memory() if host_memory is not None else contextlib.nullcontext():
+        counts = func(tensor.float(), *args[1:], **kwargs)
+    return counts.to(tensor.dtype)
 
 
 def _returns_self(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -214,9 +256,12 @@ class HostCudaRemapMode(CudaRemapMode):
         tensor = torch.Tensor
         self._special = {
             **special_methods(on_device),
-            tensor.to: functools.partial(_tensor_to_placed, on_device, host.names_host),
-            tensor.cpu: functools.partial(_tensor_cpu, on_device),
+            tensor.to: functools.partial(_tensor_to_placed, on_device, host),
+            tensor.cuda: functools.partial(_tensor_cuda_placed, on_device, host),
+            tensor.cpu: functools.partial(_tensor_cpu, on_device, host),
         }
+        histc = functools.partial(_histc_like_cuda, options.get("host_memory"))
+        self._special.update({torch.histc: histc, tensor.histc: histc})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Dynamo traces a function mode into its graph: the placement, which reads storages
