@@ -1,10 +1,12 @@
 """What the simulated device adds to each operation of a test that computes its values.
 
 Runs a loop of small tensor operations (an optimizer-like update on a 4x4 tensor: six
-operations an iteration) plain on the CPU, then computing on the simulated device the default
-way (op outputs counted by the op counter in C++, ``device="cuda"`` answered below Python), and
-then through Python hooks (a function mode that sends ``device="cuda"`` to the CPU and a
-dispatch mode that counts each output, as where the counting library cannot be built).
+operations an iteration) plain on the CPU, then computing on the simulated device as a test
+simulated only because of ``--vram-gate=all`` runs (op outputs counted by the op counter in
+C++, ``device="cuda"`` answered below Python), as an opted-in test runs (the op counter, and a
+function mode that sees every call, for where each tensor is), and then through Python hooks
+(the function mode and a dispatch mode that counts each output, as where the counting library
+cannot be built).
 Prints the median time per operation of each, over rounds that alternate the three. With
 ``--backward`` the loop is a training step of a two-layer network on 4x4 tensors instead
 (forward, ``backward()`` and an SGD update: an autograd node for each forward operation).
@@ -63,14 +65,16 @@ def backward_loop(iterations: int, device: str) -> float:
 
 
 class Simulated(AbstractContextManager):
-    """One computing test on the simulated device; ``hooks``: through the Python hooks."""
+    """One computing test on the simulated device; ``hooks``: through the Python hooks;
+    ``cuda_shown``: an opted-in test, which sees CUDA."""
 
-    def __init__(self, hooks: bool) -> None:
+    def __init__(self, hooks: bool, cuda_shown: bool = True) -> None:
         # Made as the plugin makes it, with cuBLAS workspaces. A capacity makes the tracker
         # count (its out-of-memory comes at the allocation), and without the below-Python
         # remapping the function mode answers device="cuda".
         self.backend = SimBackend(capacity="1TB" if hooks else None, workspaces=True)
         self.backend.use_values(True)
+        self.backend.show_cuda(cuda_shown)
         self._hooks = hooks
         self._available: Callable[[], bool] = cudaremap.available
 
@@ -99,7 +103,8 @@ def main() -> None:
 
     variants: dict[str, Callable[[], AbstractContextManager]] = {
         "plain, on the CPU": nullcontext,
-        "sim computing (op counter)": lambda: Simulated(hooks=False),
+        "sim computing, gated only": lambda: Simulated(hooks=False, cuda_shown=False),
+        "sim computing, opted in": lambda: Simulated(hooks=False),
         "sim computing, Python hooks": lambda: Simulated(hooks=True),
     }
     devices = {"plain, on the CPU": "cpu"}
