@@ -3,11 +3,12 @@
 Runs a loop of small tensor operations (an optimizer-like update on a 4x4 tensor: six
 operations an iteration) plain on the CPU, then computing on the simulated device as a test
 simulated only because of ``--vram-gate=all`` runs (op outputs counted by the op counter in
-C++, ``device="cuda"`` answered below Python), as an opted-in test runs (the op counter, and a
-function mode that sees every call, for where each tensor is), and then through Python hooks
-(the function mode and a dispatch mode that counts each output, as where the counting library
-cannot be built).
-Prints the median time per operation of each, over rounds that alternate the three. With
+C++, ``device="cuda"`` answered below Python), the same with its peak broken down by category
+as the plugin breaks down every test's (the op counter's log, and the global module and
+optimizer hooks), as an opted-in test runs (the op counter, and a function mode that sees every
+call, for where each tensor is), and then through Python hooks (the function mode and a
+dispatch mode that counts each output, as where the counting library cannot be built).
+Prints the median time per operation of each, over rounds that alternate them. With
 ``--backward`` the loop is a training step of a two-layer network on 4x4 tensors instead
 (forward, ``backward()`` and an SGD update: an autograd node for each forward operation).
 
@@ -24,6 +25,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from pytest_vram.attribution.recorder import Attribution
 from pytest_vram.backends.sim import cudaremap, fakecuda
 from pytest_vram.backends.sim.backend import SimBackend
 
@@ -66,9 +68,10 @@ def backward_loop(iterations: int, device: str) -> float:
 
 class Simulated(AbstractContextManager):
     """One computing test on the simulated device; ``hooks``: through the Python hooks;
-    ``cuda_shown``: an opted-in test, which sees CUDA."""
+    ``cuda_shown``: an opted-in test, which sees CUDA; ``categories``: its peak broken down by
+    category, as the plugin breaks down every test's."""
 
-    def __init__(self, hooks: bool, cuda_shown: bool = True) -> None:
+    def __init__(self, hooks: bool, cuda_shown: bool = True, categories: bool = False) -> None:
         # Made as the plugin makes it, with cuBLAS workspaces. A capacity makes the tracker
         # count (its out-of-memory comes at the allocation), and without the below-Python
         # remapping the function mode answers device="cuda".
@@ -76,15 +79,20 @@ class Simulated(AbstractContextManager):
         self.backend.use_values(True)
         self.backend.show_cuda(cuda_shown)
         self._hooks = hooks
+        self._attribution = Attribution() if categories else None
         self._available: Callable[[], bool] = cudaremap.available
 
     def __enter__(self) -> Simulated:
         if self._hooks:
             fakecuda.cudaremap.available = lambda: False  # type: ignore[attr-defined]
         self.backend.begin_test()
+        if self._attribution is not None:
+            self._attribution.begin(self.backend)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._attribution is not None:
+            self._attribution.close()
         self.backend.end_test()
         fakecuda.cudaremap.available = self._available  # type: ignore[attr-defined]
 
@@ -104,6 +112,9 @@ def main() -> None:
     variants: dict[str, Callable[[], AbstractContextManager]] = {
         "plain, on the CPU": nullcontext,
         "sim computing, gated only": lambda: Simulated(hooks=False, cuda_shown=False),
+        "sim computing, by category": lambda: Simulated(
+            hooks=False, cuda_shown=False, categories=True
+        ),
         "sim computing, opted in": lambda: Simulated(hooks=False),
         "sim computing, Python hooks": lambda: Simulated(hooks=True),
     }

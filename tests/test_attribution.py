@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from simulated_device import simulated
 
 from pytest_vram.attribution.breakdown import PeakBreakdown, describe_growth, entry_categories
 from pytest_vram.attribution.leaks import LeakSiteRecorder, survivors_in_snapshot
@@ -256,6 +257,68 @@ def test_a_training_steps_peak_is_broken_down_like_memtracker_does() -> None:
     assert not torch.nn.modules.module._global_forward_pre_hooks
 
 
+def _broken_down_gpt_steps(source: str) -> dict[str, Any]:
+    """Two GPT training steps computing on the simulated device, broken down from the op
+    counter's log (``log``), from the tracker (``tracker``), or from the log until the second
+    step, where a listener moves the test to the tracker (``log-then-tracker``)."""
+    gpt = _gpt()
+    config = gpt.GPTConfig(vocab_size=512, hidden_size=128, num_layers=2, num_heads=4)
+    with simulated(computing=True, workspaces=True) as backend:
+        log = backend.allocation_log()
+        if log is None:
+            pytest.skip("the op counter is unavailable here: computing tests count in Python")
+        breakdown = PeakBreakdown(backend.tracker if source == "tracker" else log)
+        breakdown.start()
+        try:
+            torch.manual_seed(0)
+            model = gpt.GPT(config).to("cuda")
+            optimizer = torch.optim.AdamW(model.parameters())
+            tokens = torch.randint(0, 512, (16, 257), device="cuda")
+            for step in range(2):
+                if step == 1 and source == "log-then-tracker":
+                    tracker = backend.tracker
+                    listener = LeakSiteRecorder(backend)  # hears each allocation in Python
+                    tracker.add_listener(listener)
+                gpt.training_step(model, optimizer, tokens[:, :-1], tokens[:, 1:])
+            result = breakdown.result(backend.peak_allocated())
+            peak = backend.peak_allocated()
+        finally:
+            breakdown.stop()
+            if source == "log-then-tracker":
+                tracker.remove_listener(listener)
+    result["peak"] = peak
+    return result
+
+
+def test_a_computing_tests_breakdown_from_the_op_counters_log_is_the_trackers() -> None:
+    # Counting in PyTorch's allocator, the test's peak breaks down to the same bytes, category
+    # by category and module by module, as when every op is counted in Python.
+    from_log = _broken_down_gpt_steps("log")
+    from_tracker = _broken_down_gpt_steps("tracker")
+    assert from_log == from_tracker
+    categories = from_log["categories"]
+    assert from_log["total"] == from_log["peak"] == sum(categories.values())
+    assert categories["parameters"] > 0 and categories["activations"] > 0
+    assert categories["optimizer"] > 0 and categories["cublas_workspaces"] > 0
+
+
+def test_a_breakdown_goes_on_when_a_listener_moves_the_test_to_the_tracker() -> None:
+    # A leak check's recorder needs every allocation in Python: the test moves to the tracker
+    # midway, and the breakdown still hears the whole test: all of its peak is attributed.
+    # (The tracker lays its blocks out on segments of its own, where the op counter's cached
+    # ones are not to be had: the second step's blocks, and so its peak, may differ a little.)
+    moved = _broken_down_gpt_steps("log-then-tracker")
+    categories = moved["categories"]
+    assert moved["total"] == moved["peak"] == sum(categories.values())
+    assert categories["other"] == 0
+    assert categories["activations"] > 100 * 2**20  # the second step's forward, on the tracker
+    from_tracker = _broken_down_gpt_steps("tracker")
+    for name in ("parameters", "gradients", "optimizer", "cublas_workspaces"):
+        assert categories[name] == from_tracker["categories"][name]
+    # The peak is of what both counts held at once, not the sum of their peaks.
+    assert abs(moved["peak"] - from_tracker["peak"]) < from_tracker["peak"] // 100
+
+
 def test_growth_names_the_categories_that_grew() -> None:
     before = {"parameters": 100, "gradients": 100, "optimizer": 200, "activations": 10 << 20}
     after = dict(before, activations=(10 << 20) + 10158080)
@@ -318,6 +381,26 @@ def test_a_regression_says_which_categories_grew(
     (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
     assert test["categories"]["activations"] > 0
     assert "breakdown" not in test or test["breakdown"] is None  # modules only when asked
+
+
+def test_a_computing_test_stores_the_same_categories_as_counted_in_python(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A computing test counts in PyTorch's allocator, and its categories come from the op
+    # counter's log; with a capacity (whose out-of-memory only the tracker raises) every op is
+    # counted in Python. The figures stored are the same.
+    pytester.makepyfile(test_step=STEP)
+    monkeypatch.setenv("BATCH", "2048")
+    stored = []
+    for extra in ([], ["--vram-sim-capacity=80GB"]):
+        options = ["--vram-backend=sim", "--vram-sim-compute=always", "--vram-json=out.json"]
+        pytester.runpytest(*options, *extra).assert_outcomes(passed=1)
+        (test,) = json.loads((pytester.path / "out.json").read_text())["tests"]
+        stored.append((test["peak_allocated"], test["categories"]))
+    assert stored[0] == stored[1]
+    peak, categories = stored[0]
+    assert sum(categories.values()) == peak and categories["other"] == 0
+    assert categories["activations"] > 0 and categories["cublas_workspaces"] > 0
 
 
 @pytest.mark.parametrize("options", BACKENDS)

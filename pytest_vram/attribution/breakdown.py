@@ -494,6 +494,8 @@ def by_place(place: tuple[int | None, str | None] | None) -> tuple[str, str | No
     phase, unit = place or _HELD
     if phase == _FORWARD:
         return "activations", unit
+    if isinstance(phase, str):  # a place that is its category: the op counter's workspaces
+        return phase, unit
     if phase is None:
         return "other", None
     return "temporaries", None

@@ -32,16 +32,15 @@ class Attribution:
         self._peak: Any = None
         self._modules = False
         self._holding = False
-        # backend -> whether it sees allocations (_sees_allocations), and the log to read when it
-        # logs them (the cpu allocator counter's), asked once
-        self._sources: dict[Any, tuple[bool, Any]] = {}
+        # backend -> whether it sees allocations (_sees_allocations), asked once
+        self._sees: dict[Any, bool] = {}
 
     def wants_breakdown(self, entry: Mapping[str, Any] | None, backend: Any = None) -> bool:
         """Whether the test measured on ``backend`` with baseline ``entry`` records its peak's
         categories (the whole breakdown under ``--vram-breakdown``)."""
         if self.breakdown:
             return True
-        if backend is not None and self.categories_by_default and self._source_of(backend)[0]:
+        if backend is not None and self.categories_by_default and self._sees_allocations(backend):
             return True
         return entry is not None and entry_categories(entry) is not None
 
@@ -52,7 +51,7 @@ class Attribution:
         if not self._holding:  # the session's other tests will want them too
             GLOBAL_HOOKS.hold(True)
             self._holding = True
-        tracker = self._source_of(backend)[1]
+        tracker = self._log_of(backend)
         if tracker is None:
             source = TrackerSource(backend)
             tracker = source.open()
@@ -82,14 +81,17 @@ class Attribution:
             GLOBAL_HOOKS.hold(False)
             self._holding = False
 
-    def _source_of(self, backend: Any) -> tuple[bool, Any]:
-        known = self._sources.get(backend)
-        if known is None:
-            log = None
-            if backend.tracker is None and backend.allocation_log is not None:
-                log = backend.allocation_log()
-            known = self._sources[backend] = (_sees_allocations(backend), log)
-        return known
+    def _sees_allocations(self, backend: Any) -> bool:
+        sees = self._sees.get(backend)
+        if sees is None:
+            sees = self._sees[backend] = _sees_allocations(backend)
+        return sees
+
+    def _log_of(self, backend: Any) -> Any:
+        """The log the backend keeps of what it counts now, if it keeps one (the cpu allocator
+        counter's; the simulated device's op counter's while the test counts there)."""
+        allocation_log = backend.allocation_log
+        return allocation_log() if allocation_log is not None else None
 
     def end(self) -> None:
         if self._peak is not None:

@@ -64,9 +64,10 @@ class Backend:
     #: attribution (only while it records) counts, ``is_cpu`` or ``is_cuda``. None: attribution
     #: sees no allocation on this backend. Asked by ``attribution.sources``.
     attribution_filter: Callable[[Any], bool] | None = None
-    #: Where the backend keeps no tracker but logs what it counts (the cpu allocator counter):
-    #: a new log of the allocations, which a breakdown listens to as to a tracker. None
-    #: elsewhere. Asked by ``attribution.recorder``.
+    #: Where the backend logs what it counts (the cpu allocator counter; the simulated device
+    #: while a computing test counts in its op counter): the log of the allocations, which a
+    #: breakdown listens to as to a tracker, or None when the tracker is to be listened to
+    #: now. None where it never logs. Asked by ``attribution.recorder``.
     allocation_log: Callable[[], Any] | None = None
     #: The caching allocator's segments as modelled (the simulated device), None where the
     #: backend models none: snapshots draw the model's segments.

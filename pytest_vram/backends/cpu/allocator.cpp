@@ -22,7 +22,9 @@
 // allocated outside any op is not counted, as a dispatch mode never sees it. Its
 // sizes are rounded as the CUDA caching allocator rounds them, and each counted block and free
 // is replayed, in order, on a model of the caching allocator's segments (the one in
-// pytest_vram/backends/segments.py, without a capacity), for reserved memory.
+// pytest_vram/backends/segments.py, without a capacity), for reserved memory. While a breakdown
+// listens, an op counter logs what it counts (its rounded blocks, its cuBLAS workspaces) on a
+// counter's log that no thread watches, which Python reads as it reads the allocator counter's.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -321,6 +323,10 @@ struct OpCounter {
   int64_t workspace_size = 0;
   // and the bytes handed out for each
   std::unordered_map<const void*, std::pair<SegmentBlock*, int64_t>> workspaces;
+  // The counter whose log hears of each block counted and freed (none: no log), and the where
+  // code it logs a workspace with.
+  std::atomic<Counter*> log{nullptr};
+  int64_t workspace_where = 0;
 };
 static_assert(offsetof(OpCounter, current) == 0, "current is read at offset 0");
 
@@ -402,8 +408,9 @@ void add_where(Counter* counter, int64_t where, int64_t bytes) {
   }
 }
 
-// Frees come from any thread, so the log takes a lock; it is only taken while logging.
-void log_event(Counter* counter, const void* data, int64_t bytes) {
+// Frees come from any thread, so the log takes a lock; it is only taken while logging. An
+// allocation is logged where the watched thread is, unless where_code says where (>= 0).
+void log_event(Counter* counter, const void* data, int64_t bytes, int64_t where_code = -1) {
   if (!counter->logging.load(std::memory_order_relaxed)) {
     return;
   }
@@ -415,7 +422,7 @@ void log_event(Counter* counter, const void* data, int64_t bytes) {
   int64_t index = static_cast<int64_t>(counter->log.size());
   int64_t where = 0;
   if (bytes > 0) {
-    where = counter->where.load(std::memory_order_relaxed);
+    where = where_code >= 0 ? where_code : counter->where.load(std::memory_order_relaxed);
     counter->tags[data] = index + 1;
     add_where(counter, where, bytes);
   } else {
@@ -457,9 +464,16 @@ int64_t round_like_cuda(size_t nbytes) {
   return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock;
 }
 
-// Counts a block of an op counter; the caller holds the block's shard lock. It counts the
+// Logs a block an op counter counts (bytes > 0) or stops counting, when its log is on.
+void log_op(OpCounter* counter, const void* data, int64_t bytes, int64_t where_code = -1) {
+  if (Counter* log = counter->log.load(std::memory_order_acquire)) {
+    log_event(log, data, bytes, where_code);
+  }
+}
+
+// Counts the block of an op counter at data; the caller holds its shard lock. It counts the
 // block handed out, as CUDA counts allocated bytes: a remainder too small to split off with it.
-void commit(Block& block) {
+void commit(Block& block, const void* data) {
   OpCounter* counter = block.op_counter;
   block.pending = false;
   {
@@ -468,6 +482,7 @@ void commit(Block& block) {
     block.op_size = block.segment_block->size;
   }
   add(counter, block.op_size);
+  log_op(counter, data, block.op_size);
 }
 
 // Uncounts and frees a counted block; false when data is not one.
@@ -506,6 +521,7 @@ bool release(void* data) {
       }
     } else {
       counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+      log_op(counter, data, -block.op_size);
       if (!segment_freed) {
         t_op.resized.push_back(block.segment_block);
       }
@@ -762,12 +778,15 @@ void take_workspace(OpThread& thread) {
   }
   CountingAllocator::check_limit(thread, size);
   SegmentBlock* block;
+  int64_t where;
   {
     Guard guard(counter->mutex);
     block = counter->segments.malloc(size);
     counter->workspaces[key] = {block, block->size};
+    where = counter->workspace_where;
   }
   add(counter, block->size);
+  log_op(counter, key, block->size, where);
 }
 
 void leave_op(OpThread& thread) {
@@ -780,7 +799,7 @@ void leave_op(OpThread& thread) {
     auto found = shard.blocks.find(data);
     if (found != shard.blocks.end() && found->second.pending &&
         found->second.op_counter == thread.counter) {
-      commit(found->second);
+      commit(found->second, data);
     }
   }
   thread.pending.clear();
@@ -992,10 +1011,16 @@ int64_t pytest_vram_counted_bytes(void* handle, void* data) {
   if (found == shard.blocks.end()) {
     return 0;
   }
-  for (Counter* counter : found->second.counters) {
+  const Block& block = found->second;
+  for (Counter* counter : block.counters) {
     if (counter == handle) {
-      return static_cast<int64_t>(found->second.nbytes);
+      return static_cast<int64_t>(block.nbytes);
     }
+  }
+  // A block an op counter counts, when the counter's log is that op counter's.
+  if (block.op_counter != nullptr && !block.pending &&
+      block.op_counter->log.load(std::memory_order_acquire) == handle) {
+    return block.op_size;
   }
   return 0;
 }
@@ -1101,6 +1126,7 @@ int pytest_vram_op_clear_workspaces(void* handle) {
       counter->segments.free(workspace.first);
       released += workspace.second;
       ++count;
+      log_op(counter, key, -workspace.second);
     }
     counter->workspaces.clear();
   }
@@ -1199,9 +1225,37 @@ int pytest_vram_op_forget(void* handle, void* data) {
     counter->segments.free(block.segment_block);
   }
   counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+  log_op(counter, data, -block.op_size);
   block.op_counter = nullptr;
   block.segment_block = nullptr;
   return 1;
+}
+
+// Whether the op counter holds a workspace for the calling thread (backward: for the autograd
+// engine's): a test that moved to the tracker must not make a second one.
+int pytest_vram_op_has_workspace(void* handle, int backward) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  const void* key = backward != 0 ? static_cast<const void*>(&g_autograd_thread)
+                                  : static_cast<const void*>(&t_marker);
+  Guard guard(counter->mutex);
+  return counter->workspaces.count(key) > 0 ? 1 : 0;
+}
+
+// From now on the op counter logs what it counts and frees on the log of the counter log (which
+// no thread should watch; null: no log), a workspace with where code workspace_where.
+void pytest_vram_op_log(void* handle, void* log, int64_t workspace_where) {
+  auto* counter = static_cast<OpCounter*>(handle);
+  {
+    Guard guard(counter->mutex);
+    counter->workspace_where = workspace_where;
+  }
+  counter->log.store(static_cast<Counter*>(log), std::memory_order_release);
+}
+
+// Logs an allocation (bytes > 0) or free counted elsewhere, at key, which no block's data
+// pointer may be: what the simulated device's tracker counts once a test counts there.
+void pytest_vram_log_event(void* handle, void* key, int64_t bytes) {
+  log_event(static_cast<Counter*>(handle), key, bytes);
 }
 
 // A build of PyTorch without CUDA has no device guard for CUDA devices, and code that sets the

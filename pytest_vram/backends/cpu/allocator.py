@@ -57,6 +57,7 @@ def load() -> ctypes.CDLL:
         # Called with the counter's own c_void_p: no argument to convert.
         ("pytest_vram_log_peak", ctypes.c_int64, None),
         ("pytest_vram_counted_bytes", ctypes.c_int64, [handle, handle]),
+        ("pytest_vram_log_event", None, [handle, handle, ctypes.c_int64]),
         ("pytest_vram_new_op_counter", handle, []),
         ("pytest_vram_op_watch", ctypes.c_int, [handle]),
         ("pytest_vram_op_unwatch", None, [handle]),
@@ -71,6 +72,8 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_inactive_split_bytes", ctypes.c_int64, [handle]),
         ("pytest_vram_op_counts", ctypes.c_int, [handle, handle]),
         ("pytest_vram_op_forget", ctypes.c_int, [handle, handle]),
+        ("pytest_vram_op_log", None, [handle, handle, ctypes.c_int64]),
+        ("pytest_vram_op_has_workspace", ctypes.c_int, [handle, ctypes.c_int]),
         ("pytest_vram_op_workspace_size", None, [handle, ctypes.c_int64]),
         ("pytest_vram_op_clear_workspaces", ctypes.c_int, [handle]),
         ("pytest_vram_op_relayout", None, [handle]),
@@ -225,6 +228,11 @@ class AllocatorCounter(_ReadInPlace):
         """The bytes counted for the block at ``data_ptr``: 0 when this counter counts none."""
         return self._library.pytest_vram_counted_bytes(self._handle, data_ptr)
 
+    def log_event(self, key: int, nbytes: int) -> None:
+        """Log an allocation of ``nbytes`` (a free, negative) that is counted elsewhere, at
+        ``key``: a number no block's data pointer can be (at or above ``1 << 62``)."""
+        self._library.pytest_vram_log_event(self._handle, key, nbytes)
+
 
 class OpCounter(_ReadInPlace):
     """Bytes of what ops return on the watching thread and still alive, rounded as the CUDA
@@ -293,6 +301,13 @@ class OpCounter(_ReadInPlace):
         counted."""
         return bool(self._library.pytest_vram_op_forget(self._handle, data_ptr))
 
+    def log_to(self, counter: AllocatorCounter | None, workspace_where: int = 0) -> None:
+        """From now on log each block counted and freed on ``counter``'s log (a counter that
+        does not watch; None: no log), a cuBLAS workspace with where code ``workspace_where``.
+        The log's tags and its replay to the peak are then of this op counter's blocks."""
+        handle = counter._handle if counter is not None else None
+        self._library.pytest_vram_op_log(self._handle, handle, workspace_where)
+
     def segments(self) -> SegmentFigures:
         """The segment model's figures now."""
         self._library.pytest_vram_op_segments(self._handle, self._figures)
@@ -318,6 +333,11 @@ class OpCounter(_ReadInPlace):
     def relayout(self) -> None:
         """Lay the live blocks out on a fresh segment model, largest first (between ops)."""
         self._library.pytest_vram_op_relayout(self._handle)
+
+    def has_workspace(self, backward: bool) -> bool:
+        """Whether a workspace is held for the calling thread (``backward``: for the autograd
+        engine's)."""
+        return bool(self._library.pytest_vram_op_has_workspace(self._handle, int(backward)))
 
     def clear_workspaces(self) -> int:
         """Let every workspace go; how many there were."""

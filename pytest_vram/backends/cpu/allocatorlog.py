@@ -57,11 +57,15 @@ class AllocatorLog:
 
     def note_place(self, place: Any) -> None:
         """From now on the thread's allocations are made at ``place`` (hashable)."""
+        self.counter.where.value = self.code_of(place)
+
+    def code_of(self, place: Any) -> int:
+        """The where code of ``place`` (hashable), given it now if it has none."""
         code = self._codes.get(place)
         if code is None:
             code = self._codes[place] = len(self._places)
             self._places.append(place)
-        self.counter.where.value = code
+        return code
 
     def making_fixture(self, started: bool) -> None:
         for listener in self.listeners:

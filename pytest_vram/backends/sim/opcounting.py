@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from pytest_vram.backends.cpu import allocator as cpu_allocator
 from pytest_vram.backends.segments import SegmentFigures
+from pytest_vram.backends.sim.oplog import OpCounterLog
 
 __all__ = ["OpCounting"]
 
@@ -36,6 +37,7 @@ class OpCounting:
         #: Whether the op counter's segments are the running test's own: they were empty when
         #: it started counting there.
         self.own = False
+        self._log: OpCounterLog | None = None
 
     def can_start(self) -> bool:
         """Whether the op counter can be built, with segments empty (the next test's own)."""
@@ -59,6 +61,17 @@ class OpCounting:
             assert self.counter is not None
             self.counter.unwatch()
             self.active = False
+
+    def log(self) -> OpCounterLog | None:
+        """The op counter's log, which a breakdown of a test that counts here listens to."""
+        if self._log is None and self.counter is not None:
+            self._log = OpCounterLog(self.counter)
+        return self._log
+
+    def count_from(self, tracker: Any) -> None:
+        """The running test moved to ``tracker``: its log hears what the tracker counts."""
+        if self._log is not None:
+            self._log.count_from(tracker)
 
     def lift_limit(self) -> None:
         if self.counter is not None:
@@ -113,6 +126,12 @@ class OpCounting:
     @property
     def current(self) -> int:
         return self.counter.current if self.counter is not None else 0
+
+    def read_current(self) -> int:
+        return self.counter.read_current() if self.counter is not None else 0
+
+    def has_workspace(self, backward: bool) -> bool:
+        return self.counter is not None and self.counter.has_workspace(backward)
 
     @property
     def peak(self) -> int:
