@@ -24,6 +24,8 @@ from pytest_vram.wiring.snapshots import snapshot_name
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 BACKENDS = [
     pytest.param(["--vram-backend=sim"], id="sim"),
+    # Counted by the op counter, its categories from its log in C++.
+    pytest.param(["--vram-backend=sim", "--vram-sim-compute=always"], id="sim-computing"),
     pytest.param(["--vram-backend=cpu", "--vram-cpu-counter=allocator"], id="cpu-allocator"),
     pytest.param(["--vram-backend=cpu", "--vram-cpu-counter=dispatch"], id="cpu-dispatch"),
 ]

@@ -2,7 +2,8 @@
 
 Every measured test on the sim and cpu backends records the category totals of its peak, so
 that any regression or budget failure can say which categories grew: from the sim's and the cpu
-dispatch counter's storage tracker, or from the cpu allocator counter's log. The per-module
+dispatch counter's storage tracker, or from the log in C++ of the cpu allocator counter and of
+the sim's op counter (which counts a computing test). The per-module
 breakdown is taken only under ``--vram-breakdown``. On cuda a test gets them when
 ``--vram-breakdown`` is given or its baseline entry stores category totals (a tracker is pushed
 for it then); other tests run exactly as without attribution.
