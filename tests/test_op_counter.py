@@ -355,3 +355,49 @@ def test_a_fixture_made_in_set_up_is_laid_out_anew_as_the_tracker_does() -> None
     # its two workspaces.
     workspaces = 2 * SimBackend(workspaces=True).workspaces.size
     assert workspaces < figures[False][3] < workspaces + 12 * MiB
+
+
+def test_a_test_counts_here_beside_its_fixtures_and_what_earlier_tests_left() -> None:
+    # An earlier test made what a broader-scoped fixture holds, and left memory behind (in a
+    # module's list, say). The next test that uses the fixture still counts here, and its own
+    # figures are the tracker's: the fixture laid out anew on its segments, what was left
+    # behind on none of them.
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    figures = {}
+    for python in (False, True):
+        backend = SimBackend(capacity="1TiB" if python else None, workspaces=True)
+        backend.use_values(True)
+        backend.begin_test()
+        try:
+            fixture = torch.randn(MiB // 4)  # 1 MiB
+            left_behind = [torch.randn(3 * MiB), torch.randn(1000)]
+        finally:
+            backend.end_test()
+            backend.release_workspaces()
+            backend.release_cache()
+        backend.own_memory([fixture])
+        backend.begin_test()
+        try:
+            assert (_get_current_dispatch_mode() is None) is not python
+            backend.reset_peak()
+            _mlp_step()
+            figures[python] = (
+                backend.allocated(),
+                backend.peak_allocated(),
+                backend.own_reserved(),
+                backend.own_peak_reserved(),
+                backend.reserved(),
+            )
+        finally:
+            backend.end_test()
+            backend.release_workspaces()
+            backend.release_cache()
+        del fixture, left_behind
+    # The device's reserved memory differs: what was left behind shares no segment with the
+    # fixture here, as it may there.
+    assert figures[False][:4] == figures[True][:4]
+    own_reserved, own_peak_reserved, reserved = figures[False][2:]
+    # The 12 MiB left behind is the device's, in a segment of its own, and not the test's.
+    assert reserved >= 12 * MiB + own_reserved
+    assert own_peak_reserved < 12 * MiB + 2 * SimBackend(workspaces=True).workspaces.size

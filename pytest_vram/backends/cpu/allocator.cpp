@@ -313,6 +313,10 @@ struct OpCounter {
   std::atomic<int64_t> peak{0};
   SpinLock mutex;  // guards what follows
   SegmentModel segments;
+  // Where the blocks live that a test found counted and its fixtures do not hold (memory a
+  // test left behind, that the running test never touched): in the device's figures, not in
+  // the running test's own (pytest_vram_op_start_own).
+  SegmentModel background;
   // Allocations that would take current past limit fail (-1: no limit), with this message
   // around the size that would have been live.
   int64_t limit = -1;
@@ -327,6 +331,8 @@ struct OpCounter {
   // code it logs a workspace with.
   std::atomic<Counter*> log{nullptr};
   int64_t workspace_where = 0;
+  // How many blocks it counts now (workspaces aside).
+  std::atomic<int64_t> blocks{0};
 };
 static_assert(offsetof(OpCounter, current) == 0, "current is read at offset 0");
 
@@ -363,6 +369,7 @@ struct Block {
   SegmentBlock* segment_block;
   bool pending;
   int64_t op_request;  // the rounded request, which a relayout asks for again
+  bool background;  // its segment block is in the op counter's background model
 };
 
 // Counted blocks by data pointer, in shards so that threads freeing blocks rarely contend.
@@ -482,6 +489,7 @@ void commit(Block& block, const void* data) {
     block.op_size = block.segment_block->size;
   }
   add(counter, block.op_size);
+  counter->blocks.fetch_add(1, std::memory_order_relaxed);
   log_op(counter, data, block.op_size);
 }
 
@@ -500,10 +508,10 @@ bool release(void* data) {
     shard.blocks.erase(found);
     OpCounter* counter = block.op_counter;
     if (counter != nullptr && !block.pending &&
-        !(t_op.counter == counter && t_op.depth > 0)) {
+        (block.background || !(t_op.counter == counter && t_op.depth > 0))) {
       // Under the shard's lock, so that relayout() never leaves this block's segment stale.
       Guard segments_guard(counter->mutex);
-      counter->segments.free(block.segment_block);
+      (block.background ? counter->background : counter->segments).free(block.segment_block);
       segment_freed = true;
     }
   }
@@ -521,6 +529,7 @@ bool release(void* data) {
       }
     } else {
       counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+      counter->blocks.fetch_sub(1, std::memory_order_relaxed);
       log_op(counter, data, -block.op_size);
       if (!segment_freed) {
         t_op.resized.push_back(block.segment_block);
@@ -1081,38 +1090,72 @@ void pytest_vram_op_workspace_size(void* handle, int64_t size) {
   counter->workspace_size = size;
 }
 
+}  // extern "C"
+
+namespace {
+
 // Lays the counter's live blocks out on a fresh segment model, largest first, as
-// OwnSegments.restart() in segments.py does: what making a broader-scoped fixture cost, cached
-// blocks included, is forgotten, as a later test never sees it. Called between ops.
-void pytest_vram_op_relayout(void* handle) {
-  auto* counter = static_cast<OpCounter*>(handle);
+// OwnSegments.start() and restart() in segments.py do: those at the data pointers in keep (with
+// keep null, all but the background's) and the workspaces. Any other live block joins the
+// background model, where it stays until it is freed. What the old model cached is forgotten.
+// Called between ops.
+void relayout(OpCounter* counter, const std::set<const void*>* keep) {
   std::vector<std::unique_lock<SpinLock>> shard_locks;
   for (size_t i = 0; i < kShards; ++i) {
     shard_locks.emplace_back(g_shards[i].mutex);
   }
   Guard guard(counter->mutex);
   std::vector<std::pair<int64_t, SegmentBlock**>> live;
+  std::vector<std::pair<int64_t, Block*>> leaving;
   for (size_t i = 0; i < kShards; ++i) {
     for (auto& [data, block] : g_shards[i].blocks) {
-      if (block.op_counter == counter && !block.pending) {
+      if (block.op_counter != counter || block.pending || block.background) {
+        continue;
+      }
+      if (keep == nullptr || keep->count(data) > 0) {
         live.emplace_back(block.op_request, &block.segment_block);
+      } else {
+        leaving.emplace_back(block.op_request, &block);
       }
     }
   }
   for (auto& [key, workspace] : counter->workspaces) {
     live.emplace_back(counter->workspace_size, &workspace.first);
   }
-  std::stable_sort(live.begin(), live.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  auto largest_first = [](const auto& a, const auto& b) { return a.first > b.first; };
+  std::stable_sort(live.begin(), live.end(), largest_first);
+  std::stable_sort(leaving.begin(), leaving.end(), largest_first);
+  std::vector<SegmentBlock*> used;
+  for (auto& [size, block] : leaving) {
+    used.push_back(block->segment_block);
+    block->segment_block = counter->background.malloc(size);
+    block->background = true;
+  }
   SegmentModel fresh;
   fresh.next_addr = counter->segments.next_addr;  // addresses stay unique
-  std::vector<SegmentBlock*> used;
   for (auto& [size, slot] : live) {
     used.push_back(*slot);
     *slot = fresh.malloc(size);
   }
   counter->segments.discard(used);
   counter->segments = std::move(fresh);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Lays the counter's live blocks out anew, as a broader-scoped fixture made in a test's set-up
+// leaves them: what making it cost, cached blocks included, is forgotten, as a later test never
+// sees it.
+void pytest_vram_op_relayout(void* handle) { relayout(static_cast<OpCounter*>(handle), nullptr); }
+
+// Before a test that counts here: its own segments hold the blocks at the count data pointers
+// in held (what its fixtures hold), laid out anew; what else is counted moves to the
+// background model.
+void pytest_vram_op_start_own(void* handle, void** held, int64_t count) {
+  std::set<const void*> keep(held, held + count);
+  relayout(static_cast<OpCounter*>(handle), &keep);
 }
 
 // Lets every workspace go, as torch._C._cuda_clearCublasWorkspaces() does; how many there were.
@@ -1163,10 +1206,11 @@ void pytest_vram_op_limit(void* handle, int64_t limit, const char* head, const c
 
 // The segment model's figures, as SegmentFigures orders them: reserved, its peak, allocated,
 // its peak, segments, segments asked of the driver and segments given back.
-void pytest_vram_op_segments(void* handle, int64_t* out) {
+// With background non-zero, the background model's.
+void pytest_vram_op_segments(void* handle, int64_t* out, int background) {
   auto* counter = static_cast<OpCounter*>(handle);
   Guard guard(counter->mutex);
-  const SegmentModel& model = counter->segments;
+  const SegmentModel& model = background != 0 ? counter->background : counter->segments;
   out[0] = model.reserved;
   out[1] = model.peak_reserved;
   out[2] = model.allocated;
@@ -1180,21 +1224,23 @@ void pytest_vram_op_segments(void* handle, int64_t* out) {
 int64_t pytest_vram_op_inactive_split_bytes(void* handle) {
   auto* counter = static_cast<OpCounter*>(handle);
   Guard guard(counter->mutex);
-  return counter->segments.inactive_split_bytes();
+  return counter->segments.inactive_split_bytes() + counter->background.inactive_split_bytes();
 }
 
 // torch.cuda.empty_cache(): the entirely free segments go back; the bytes released.
 int64_t pytest_vram_op_empty_cache(void* handle) {
   auto* counter = static_cast<OpCounter*>(handle);
   Guard guard(counter->mutex);
-  return counter->segments.empty_cache();
+  return counter->segments.empty_cache() + counter->background.empty_cache();
 }
 
 void pytest_vram_op_reset_segment_peaks(void* handle) {
   auto* counter = static_cast<OpCounter*>(handle);
   Guard guard(counter->mutex);
-  counter->segments.peak_reserved = counter->segments.reserved;
-  counter->segments.peak_allocated = counter->segments.allocated;
+  for (SegmentModel* model : {&counter->segments, &counter->background}) {
+    model->peak_reserved = model->reserved;
+    model->peak_allocated = model->allocated;
+  }
 }
 
 // Whether the block at data is one the op counter counts: counted now, or made by the op
@@ -1222,13 +1268,20 @@ int pytest_vram_op_forget(void* handle, void* data) {
   Block& block = found->second;
   {
     Guard segments_guard(counter->mutex);
-    counter->segments.free(block.segment_block);
+    (block.background ? counter->background : counter->segments).free(block.segment_block);
   }
+  block.background = false;
   counter->current.fetch_sub(block.op_size, std::memory_order_relaxed);
+  counter->blocks.fetch_sub(1, std::memory_order_relaxed);
   log_op(counter, data, -block.op_size);
   block.op_counter = nullptr;
   block.segment_block = nullptr;
   return 1;
+}
+
+// How many blocks the op counter counts now, its workspaces aside.
+int64_t pytest_vram_op_blocks(void* handle) {
+  return static_cast<OpCounter*>(handle)->blocks.load(std::memory_order_relaxed);
 }
 
 // Whether the op counter holds a workspace for the calling thread (backward: for the autograd

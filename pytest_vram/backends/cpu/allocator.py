@@ -41,6 +41,7 @@ def load() -> ctypes.CDLL:
         return _library
     library, target = open_library()
     handle = ctypes.c_void_p
+    pointers = ctypes.POINTER(ctypes.c_void_p)
     for name, restype, argtypes in [
         ("pytest_vram_install", ctypes.c_int, []),
         ("pytest_vram_installed", ctypes.c_int, []),
@@ -66,7 +67,7 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_enter", None, []),
         ("pytest_vram_op_leave", None, []),
         ("pytest_vram_op_limit", None, [handle, ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p]),
-        ("pytest_vram_op_segments", None, [handle, ctypes.POINTER(ctypes.c_int64)]),
+        ("pytest_vram_op_segments", None, [handle, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]),
         ("pytest_vram_op_empty_cache", ctypes.c_int64, [handle]),
         ("pytest_vram_op_reset_segment_peaks", None, [handle]),
         ("pytest_vram_op_inactive_split_bytes", ctypes.c_int64, [handle]),
@@ -74,9 +75,11 @@ def load() -> ctypes.CDLL:
         ("pytest_vram_op_forget", ctypes.c_int, [handle, handle]),
         ("pytest_vram_op_log", None, [handle, handle, ctypes.c_int64]),
         ("pytest_vram_op_has_workspace", ctypes.c_int, [handle, ctypes.c_int]),
+        ("pytest_vram_op_blocks", ctypes.c_int64, [handle]),
         ("pytest_vram_op_workspace_size", None, [handle, ctypes.c_int64]),
         ("pytest_vram_op_clear_workspaces", ctypes.c_int, [handle]),
         ("pytest_vram_op_relayout", None, [handle]),
+        ("pytest_vram_op_start_own", None, [handle, pointers, ctypes.c_int64]),
         ("pytest_vram_cuda_guard", ctypes.c_int, [ctypes.c_int]),
     ]:
         try:
@@ -308,9 +311,10 @@ class OpCounter(_ReadInPlace):
         handle = counter._handle if counter is not None else None
         self._library.pytest_vram_op_log(self._handle, handle, workspace_where)
 
-    def segments(self) -> SegmentFigures:
-        """The segment model's figures now."""
-        self._library.pytest_vram_op_segments(self._handle, self._figures)
+    def segments(self, background: bool = False) -> SegmentFigures:
+        """The segment model's figures now; ``background``: those of the background model,
+        where the blocks are that :meth:`start_own` left out."""
+        self._library.pytest_vram_op_segments(self._handle, self._figures, int(background))
         return SegmentFigures(*self._figures)
 
     def inactive_split_bytes(self) -> int:
@@ -331,8 +335,19 @@ class OpCounter(_ReadInPlace):
         self._library.pytest_vram_op_workspace_size(self._handle, nbytes)
 
     def relayout(self) -> None:
-        """Lay the live blocks out on a fresh segment model, largest first (between ops)."""
+        """Lay the live blocks out on a fresh segment model, largest first (between ops); those
+        of the background model stay there."""
         self._library.pytest_vram_op_relayout(self._handle)
+
+    def start_own(self, held: list[int]) -> None:
+        """Lay the blocks at the data pointers ``held`` out on a fresh segment model, largest
+        first, and move every other live block to the background model (between tests)."""
+        pointers = (ctypes.c_void_p * len(held))(*held)
+        self._library.pytest_vram_op_start_own(self._handle, pointers, len(held))
+
+    def blocks(self) -> int:
+        """How many blocks are counted now, the workspaces aside."""
+        return self._library.pytest_vram_op_blocks(self._handle)
 
     def has_workspace(self, backward: bool) -> bool:
         """Whether a workspace is held for the calling thread (``backward``: for the autograd

@@ -300,15 +300,14 @@ class SimBackend(Backend):
         computing = self.computing
         # A capacity needs its out-of-memory at the allocation, which only the tracker, which
         # asks the segments at each allocation, can raise; listeners hear from the tracker.
-        # The op counter's segments are the test's own only when they start empty, and the
-        # storages its fixtures already hold could not be laid out on them: the tracker counts
-        # then. A fixture made in the test's set-up is laid out anew once made (restart_own).
+        # The op counter's segments are the test's own when all it counts is what the test's
+        # fixtures hold (_can_count_natively). A fixture made in the test's set-up is laid out
+        # anew once made (restart_own).
         native = (
             computing
             and self.capacity is None
             and not self.tracker.listeners
-            and not held
-            and self._ops.can_start()
+            and self._can_count_natively(held)
         )
         mode: Any = None if native else self.tracker.mode if computing else self.fake_mode
         self._ops.active = native
@@ -329,10 +328,27 @@ class SimBackend(Backend):
             self._stop_counting(mode)
             raise
         self.tracker.flush()  # what died before the test is not its own
-        self.own_segments.start(self._allocations_of(held))
+        # Counting natively, what the fixtures hold is laid out on the op counter's segments.
+        self.own_segments.start([] if native else self._allocations_of(held))
         self._ops.own = native
         self._mode = mode
         self._active = True
+
+    def _can_count_natively(self, held: list[torch.Tensor]) -> bool:
+        """Whether the next test can count in the op counter, on segments of its own that start
+        with what its fixtures hold (``held``): the tracker counts none of that (its storages
+        could not be laid out there)."""
+        ops = self._ops
+        if not ops.can_build():
+            return False
+        pointers = []
+        for tensor in held:
+            if ops.counts(tensor):
+                pointers.append(tensor.untyped_storage().data_ptr())
+            elif self.tracker.counted(tensor):
+                return False
+        ops.start_own(pointers)
+        return True
 
     def _allocations_of(self, held: list[torch.Tensor]) -> list[tuple[Any, int]]:
         """Per storage of ``held``: the segment block it has (None where the op counter
@@ -463,7 +479,7 @@ class SimBackend(Backend):
         figures = model.figures()
         if not self._ops.own:
             return figures
-        return self._ops.with_segments(figures)
+        return self._ops.with_segments(figures, own=True)
 
     def restart_own(self) -> None:
         """A broader-scoped fixture was made: the test's own segments start again from what

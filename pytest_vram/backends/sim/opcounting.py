@@ -39,8 +39,8 @@ class OpCounting:
         self.own = False
         self._log: OpCounterLog | None = None
 
-    def can_start(self) -> bool:
-        """Whether the op counter can be built, with segments empty (the next test's own)."""
+    def can_build(self) -> bool:
+        """Whether the op counter is made, or can be now."""
         if self.counter is None and self._unavailable is None:
             try:
                 self.counter = cpu_allocator.OpCounter()
@@ -48,7 +48,17 @@ class OpCounting:
                 self._unavailable = str(exc)
             else:
                 self.counter.workspace_size(self._workspace_size)
-        return self.counter is not None and self.counter.segments().reserved == 0
+        return self.counter is not None
+
+    def start_own(self, held: list[int]) -> None:
+        """Before a test that counts here: its own segments start with the blocks at the data
+        pointers ``held`` (what its fixtures hold), laid out anew as
+        :meth:`~pytest_vram.backends.segments.OwnSegments.start` lays them out; any other block
+        still counted (memory an earlier test left) is the device's, not the test's."""
+        counter = self.counter
+        assert counter is not None
+        if held or counter.blocks() or counter.segments().reserved:
+            counter.start_own(held)
 
     def start(self) -> None:
         """The running test counts here (:attr:`active` is set before, for its limit)."""
@@ -137,12 +147,16 @@ class OpCounting:
     def peak(self) -> int:
         return self.counter.peak if self.counter is not None else 0
 
-    def with_segments(self, figures: SegmentFigures) -> SegmentFigures:
+    def with_segments(self, figures: SegmentFigures, own: bool = False) -> SegmentFigures:
         """``figures`` with the op counter's segments added (it replays its blocks on a segment
-        model of its own)."""
+        model of its own); unless ``own``, its background model's too, where the blocks are that
+        the running test found and its fixtures do not hold."""
         if self.counter is None:
             return figures
-        return SegmentFigures(*map(sum, zip(figures, self.counter.segments(), strict=True)))
+        parts = [figures, self.counter.segments()]
+        if not own:
+            parts.append(self.counter.segments(background=True))
+        return SegmentFigures(*map(sum, zip(*parts, strict=True)))
 
     def inactive_split_bytes(self) -> int:
         return self.counter.inactive_split_bytes() if self.counter is not None else 0
