@@ -300,14 +300,14 @@ class SimBackend(Backend):
         computing = self.computing
         # A capacity needs its out-of-memory at the allocation, which only the tracker, which
         # asks the segments at each allocation, can raise; listeners hear from the tracker.
-        # The op counter's segments are the test's own when all it counts is what the test's
-        # fixtures hold (_can_count_natively). A fixture made in the test's set-up is laid out
-        # anew once made (restart_own).
+        # The op counter lays out what the test's fixtures hold on the test's own segments,
+        # unless the tracker counts some of it (OpCounting.can_start). A fixture made in the
+        # test's set-up is laid out anew once made (restart_own).
         native = (
             computing
             and self.capacity is None
             and not self.tracker.listeners
-            and self._can_count_natively(held)
+            and self._ops.can_start(held, self.tracker.counted)
         )
         mode: Any = None if native else self.tracker.mode if computing else self.fake_mode
         self._ops.active = native
@@ -333,22 +333,6 @@ class SimBackend(Backend):
         self._ops.own = native
         self._mode = mode
         self._active = True
-
-    def _can_count_natively(self, held: list[torch.Tensor]) -> bool:
-        """Whether the next test can count in the op counter, on segments of its own that start
-        with what its fixtures hold (``held``): the tracker counts none of that (its storages
-        could not be laid out there)."""
-        ops = self._ops
-        if not ops.can_build():
-            return False
-        pointers = []
-        for tensor in held:
-            if ops.counts(tensor):
-                pointers.append(tensor.untyped_storage().data_ptr())
-            elif self.tracker.counted(tensor):
-                return False
-        ops.start_own(pointers)
-        return True
 
     def _allocations_of(self, held: list[torch.Tensor]) -> list[tuple[Any, int]]:
         """Per storage of ``held``: the segment block it has (None where the op counter

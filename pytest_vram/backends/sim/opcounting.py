@@ -50,15 +50,28 @@ class OpCounting:
                 self.counter.workspace_size(self._workspace_size)
         return self.counter is not None
 
-    def start_own(self, held: list[int]) -> None:
-        """Before a test that counts here: its own segments start with the blocks at the data
-        pointers ``held`` (what its fixtures hold), laid out anew as
-        :meth:`~pytest_vram.backends.segments.OwnSegments.start` lays them out; any other block
-        still counted (memory an earlier test left) is the device's, not the test's."""
+    def can_start(
+        self, held: list[torch.Tensor], counted_elsewhere: Callable[[torch.Tensor], bool]
+    ) -> bool:
+        """Whether the next test, whose fixtures hold ``held`` (a tensor per storage), can count
+        here: none of those is counted elsewhere (``counted_elsewhere``: by the tracker, whose
+        storages cannot be laid out here). If so, the test's own segments start with them, laid
+        out anew as :meth:`~pytest_vram.backends.segments.OwnSegments.start` lays them out, and
+        any other block still counted (memory an earlier test left) is the device's, not the
+        test's."""
+        if not self.can_build():
+            return False
+        pointers = []
+        for tensor in held:
+            if self.counts(tensor):
+                pointers.append(tensor.untyped_storage().data_ptr())
+            elif counted_elsewhere(tensor):
+                return False
         counter = self.counter
         assert counter is not None
-        if held or counter.blocks() or counter.segments().reserved:
-            counter.start_own(held)
+        if pointers or counter.blocks() or counter.segments().reserved:
+            counter.start_own(pointers)
+        return True
 
     def start(self) -> None:
         """The running test counts here (:attr:`active` is set before, for its limit)."""
