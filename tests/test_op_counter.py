@@ -274,24 +274,35 @@ def test_a_computing_sim_test_pushes_no_dispatch_mode() -> None:
         backend.end_test()
 
 
-def _sim_figures(code: Callable[[], None], *, through_python: bool) -> tuple[int, ...]:
-    """Figures of ``code`` run as a computing test on a simulated device that models cuBLAS
-    workspaces: counted by the op counter, or (``through_python``) by the tracker's dispatch
-    mode, which a device with a capacity gets (one far above what the code needs)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
+def _computing_device(*, through_python: bool) -> SimBackend:
+    """A simulated device that models cuBLAS workspaces, for tests that compute: counted by
+    the op counter, or (``through_python``) by the tracker's dispatch mode, which a device with
+    a capacity gets (one far above what the code needs)."""
     backend = SimBackend(capacity="1TiB" if through_python else None, workspaces=True)
     backend.use_values(True)
+    return backend
+
+
+def _test_figures(backend: SimBackend) -> tuple[int | None, ...]:
+    """What a test's record keeps: allocated, its peak, and the test's own reserved and peak."""
+    return (
+        backend.allocated(),
+        backend.peak_allocated(),
+        backend.own_reserved(),
+        backend.own_peak_reserved(),
+    )
+
+
+def _sim_figures(code: Callable[[], None], *, through_python: bool) -> tuple[int | None, ...]:
+    """Figures of ``code`` run as a computing test (see :func:`_computing_device`)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    backend = _computing_device(through_python=through_python)
     backend.begin_test()
     try:
         assert (_get_current_dispatch_mode() is None) is not through_python
         code()
-        figures = (
-            backend.allocated(),
-            backend.peak_allocated(),
-            backend.own_reserved(),
-            backend.own_peak_reserved(),
-        )
+        figures = _test_figures(backend)
         backend.release_workspaces()
         after_release = backend.allocated()
     finally:
@@ -335,17 +346,11 @@ def _makes_a_fixture_then_runs(backend: SimBackend) -> None:
 def test_a_fixture_made_in_set_up_is_laid_out_anew_as_the_tracker_does() -> None:
     figures = {}
     for python in (False, True):
-        backend = SimBackend(capacity="1TiB" if python else None, workspaces=True)
-        backend.use_values(True)
+        backend = _computing_device(through_python=python)
         backend.begin_test()
         try:
             _makes_a_fixture_then_runs(backend)
-            figures[python] = (
-                backend.allocated(),
-                backend.peak_allocated(),
-                backend.own_reserved(),
-                backend.own_peak_reserved(),
-            )
+            figures[python] = _test_figures(backend)
         finally:
             backend.end_test()
             backend.release_cache()
@@ -366,8 +371,7 @@ def test_a_test_counts_here_beside_its_fixtures_and_what_earlier_tests_left() ->
 
     figures = {}
     for python in (False, True):
-        backend = SimBackend(capacity="1TiB" if python else None, workspaces=True)
-        backend.use_values(True)
+        backend = _computing_device(through_python=python)
         backend.begin_test()
         try:
             fixture = torch.randn(MiB // 4)  # 1 MiB
@@ -382,13 +386,7 @@ def test_a_test_counts_here_beside_its_fixtures_and_what_earlier_tests_left() ->
             assert (_get_current_dispatch_mode() is None) is not python
             backend.reset_peak()
             _mlp_step()
-            figures[python] = (
-                backend.allocated(),
-                backend.peak_allocated(),
-                backend.own_reserved(),
-                backend.own_peak_reserved(),
-                backend.reserved(),
-            )
+            figures[python] = (*_test_figures(backend), backend.reserved())
         finally:
             backend.end_test()
             backend.release_workspaces()
