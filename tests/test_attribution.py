@@ -402,6 +402,8 @@ def test_a_computing_test_stores_the_same_categories_as_counted_in_python(
     assert stored[0] == stored[1]
     peak, categories = stored[0]
     assert sum(categories.values()) == peak and categories["other"] == 0
+    # Two 4 MiB weights and biases of 8 KiB and 2 KiB, as the model's parameters.
+    assert categories["parameters"] == 2 * 512 * 2048 * 4 + 2048 * 4 + 512 * 4
     assert categories["activations"] > 0 and categories["cublas_workspaces"] > 0
 
 
