@@ -12,7 +12,8 @@ itself means the runs print no such line. Per test, and per subtest
 (``self.subTest`` in a ``unittest.TestCase``, or the ``subtests`` fixture), the outcomes are
 compared; the table gives passed / failed / skipped tests and passed / failed subtests per run,
 as pytest's own summary counts them, the tests and subtests whose outcome differs from plain,
-and each run's wall time against plain's. With ``--rounds N`` the three runs are repeated N
+the tests whose memory was not simulated (each such line is printed above the table), and each
+run's wall time against plain's. With ``--rounds N`` the three runs are repeated N
 times in turn, each round's first run again from an empty cache: the wall times are the medians,
 and the ratios the medians of the rounds' ratios (the machine's drift from one run to the next
 enters each round's ratio less than it enters two separate medians).
@@ -52,6 +53,8 @@ RUNS = {
     "vram (cached)": _SIMULATED,
 }
 LOG = "BENCH_THIRD_PARTY_LOG"
+# What the run's end says of a test that kept its outcome only by running as without the plugin.
+NOT_SIMULATED = ": its memory was not simulated: "
 
 
 # Loaded into the suite's pytest as a plugin (``-p bench_third_party``): JUnit XML folds a test's
@@ -105,6 +108,7 @@ def run_suite(
             print(f"{path}: no tests match {tests}", file=sys.stderr)
             return None
         results: dict[str, object] = {}
+        backstopped: dict[str, list[str]] = {}
         times: dict[str, list[float]] = {label: [] for label in RUNS}
         for run, label in enumerate(list(RUNS) * rounds):
             options = RUNS[label]
@@ -141,12 +145,16 @@ def run_suite(
             times[label].append(elapsed)
             if label not in results:
                 results[label] = outcomes(log)
+                backstopped[label] = [
+                    line.strip() for line in completed.stdout.splitlines() if NOT_SIMULATED in line
+                ]
         if rounds > 1:  # what the medians are of
             for label, seconds in times.items():
                 print(f"  {path.name} [{label}] rounds: " + " ".join(f"{t:.1f}" for t in seconds))
         return {
             label: (
                 found,
+                backstopped[label],
                 statistics.median(times[label]),
                 statistics.median(
                     run / plain for plain, run in zip(times["plain"], times[label], strict=True)
@@ -185,7 +193,7 @@ def main() -> None:
         if results is None:
             continue
         plain = results["plain"][0]  # type: ignore[index]
-        for label, (found, elapsed, ratio) in results.items():  # type: ignore[misc]
+        for label, (found, backstop, elapsed, ratio) in results.items():  # type: ignore[misc]
             counts = Counter(
                 ("subtests " if subtest else "") + outcome
                 for (_, subtest), outcome in found.items()
@@ -193,7 +201,9 @@ def main() -> None:
             differ = sorted(t for t, o in found.items() if plain.get(t) != o)
             differ += sorted(t for t in plain if t not in found)
             lost = [t for t in differ if plain.get(t) == "passed"]
-            rows.append((name, label, counts, len(differ), elapsed, ratio, lost))
+            rows.append((name, label, counts, len(differ), len(backstop), elapsed, ratio, lost))
+            for line in backstop:
+                print(f"  {name} [{label}] {line}")
             for test in differ:
                 print(
                     f"  {name} [{label}] {' '.join(test).strip()}: "
@@ -203,14 +213,15 @@ def main() -> None:
     print()
     print(
         "| suite | run | passed | failed | skipped | subtests passed / failed / skipped "
-        "| differ from plain | wall time | ratio |"
+        "| differ from plain | not simulated | wall time | ratio |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, label, counts, differ, elapsed, ratio, _ in rows:
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, label, counts, differ, backstop, elapsed, ratio, _ in rows:
         print(
             f"| {name} | {label} | {counts['passed']} | {counts['failed']} | "
             f"{counts['skipped']} | {counts['subtests passed']} / {counts['subtests failed']} / "
-            f"{counts['subtests skipped']} | {differ} | {elapsed:.1f} s | {ratio:.2f} |"
+            f"{counts['subtests skipped']} | {differ} | {backstop} | {elapsed:.1f} s | "
+            f"{ratio:.2f} |"
         )
     if any(lost for *_, lost in rows):
         sys.exit(1)
