@@ -234,14 +234,11 @@ class SimBackend(Backend):
         # The op counter holds what it counted until it dies: the peak from here on is of the
         # sum of both counts, not the sum of their peaks.
         self._peak_before_python = self.tracker.peak + self._ops.peak
-        self.tracker.beside = self._ops.read_current
-        self.tracker.reset_peak()
-        self.workspaces.held_elsewhere = self._ops.has_workspace  # one per thread, as before
+        self._ops.hand_over(self.tracker, self.workspaces)
         # No data limit: the op counter's limit was the process's.
         self._host.limit_tracker(self.tracker.current, data=False)
         self.tracker.mode.__enter__()
         self._mode = self.tracker.mode
-        self._ops.count_from(self.tracker)  # a breakdown that listens goes on hearing
 
     def allocation_log(self) -> Any:  # type: ignore[override]
         """While the running test counts in the op counter: its log, for attribution (which

@@ -91,8 +91,16 @@ class OpCounting:
             self._log = OpCounterLog(self.counter)
         return self._log
 
-    def count_from(self, tracker: Any) -> None:
-        """The running test moved to ``tracker``: its log hears what the tracker counts."""
+    def hand_over(self, tracker: Any, workspaces: Any) -> None:
+        """The running test, stopped here, goes on counting on ``tracker``: what is still
+        counted here counts beside it (its peak is of the sum), each thread keeps the cuBLAS
+        workspace it has here (``workspaces``, the tracker's, make none for it) and the log
+        hears what the tracker counts. Undone by setting both attributes back to None."""
+        counter = self.counter
+        assert counter is not None
+        tracker.beside = counter.read_current
+        tracker.reset_peak()
+        workspaces.held_elsewhere = counter.has_workspace
         if self._log is not None:
             self._log.count_from(tracker)
 
@@ -149,12 +157,6 @@ class OpCounting:
     @property
     def current(self) -> int:
         return self.counter.current if self.counter is not None else 0
-
-    def read_current(self) -> int:
-        return self.counter.read_current() if self.counter is not None else 0
-
-    def has_workspace(self, backward: bool) -> bool:
-        return self.counter is not None and self.counter.has_workspace(backward)
 
     @property
     def peak(self) -> int:
